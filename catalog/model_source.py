@@ -1,0 +1,105 @@
+"""Where a base's weights and tokenizer come from, and loading them.
+
+`Settings.model_source` picks one of three sources, parsed once at an entry point and passed down:
+
+- `hub`: the Hugging Face hub at the base's pinned revision, cached under `cache_root/hub`.
+- `dir:/path`: a local mirror with one directory per base at `/path/<hf_repo>` (for example
+  `/mirror/Qwen/Qwen2.5-0.5B-Instruct`) holding a `.openft_revision` file with the pinned commit,
+  or an HF cache layout (`/path/models--Qwen--Qwen2.5-0.5B-Instruct/snapshots/<commit>/`, what
+  `HF_HOME/hub` holds after a download), whose snapshot directory is named by the commit.
+  A mirror at any other revision is refused: jobs train on the pinned commit and nothing else.
+- `standin`: tiny generated bases (catalog/standins.py) for tests and the demo.
+
+Everything after `resolve_base_dir` is the same code for all three.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
+
+from catalog.bases import BaseModelSpec
+from catalog.standins import standin_dir
+
+REVISION_MARKER = ".openft_revision"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: Literal["hub", "dir", "standin"]
+    root: Path | None = None  # the mirror directory for kind "dir"
+
+
+def parse_model_source(value: str) -> ModelSource:
+    """Parse `hub`, `dir:/path` or `standin` (the `OPENFT_MODEL_SOURCE` setting)."""
+    if value in ("hub", "standin"):
+        return ModelSource(value)
+    if value.startswith("dir:") and len(value) > len("dir:"):
+        return ModelSource("dir", Path(value[len("dir:") :]))
+    raise ValueError(f"model_source {value!r} is not one of: hub, dir:/path/to/mirror, standin.")
+
+
+def resolve_base_dir(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> Path:
+    """The local HF-format directory holding `base` at its pinned revision."""
+    if source.kind == "standin":
+        return standin_dir(base, cache_root)
+    if source.kind == "hub":
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(base.hf_repo, revision=base.revision, cache_dir=cache_root / "hub"))
+    return _mirror_dir(base, source.root)
+
+
+def _mirror_dir(base: BaseModelSpec, root: Path) -> Path:
+    plain = root / base.hf_repo
+    if plain.is_dir():
+        marker = plain / REVISION_MARKER
+        if not marker.is_file():
+            raise FileNotFoundError(
+                f"The mirror {plain} has no {REVISION_MARKER} file; write the revision it holds "
+                f"({base.revision} is pinned for {base.id}) into it."
+            )
+        found = marker.read_text().strip()
+        if found != base.revision:
+            raise ValueError(
+                f"The mirror {plain} holds revision {found}, but {base.id} is pinned to {base.revision}; "
+                "download the pinned revision into the mirror."
+            )
+        return plain
+    snapshot = root / f"models--{base.hf_repo.replace('/', '--')}" / "snapshots" / base.revision
+    if snapshot.is_dir():
+        return snapshot
+    raise FileNotFoundError(
+        f"The mirror {root} has neither {plain} nor {snapshot}; download {base.hf_repo} at revision "
+        f"{base.revision} into one of them."
+    )
+
+
+def load_tokenizer(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> PreTrainedTokenizerFast:
+    return AutoTokenizer.from_pretrained(resolve_base_dir(base, source, cache_root))
+
+
+def load_model(
+    base: BaseModelSpec,
+    source: ModelSource,
+    cache_root: Path,
+    *,
+    dtype: torch.dtype = torch.float32,
+    quantization: Literal[None, "nf4"] = None,
+) -> torch.nn.Module:
+    """The base as `AutoModelForCausalLM`; `quantization="nf4"` loads 4-bit NF4 weights for QLoRA."""
+    kwargs = {}
+    if quantization == "nf4":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True,
+            bnb_4bit_quant_type="nf4",
+            bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=dtype,
+        )
+    elif quantization is not None:
+        raise ValueError(f"quantization {quantization!r} is not one of: None, 'nf4'.")
+    return AutoModelForCausalLM.from_pretrained(resolve_base_dir(base, source, cache_root), dtype=dtype, **kwargs)

@@ -1,0 +1,97 @@
+"""The `openft` command: serve, accounts, demo."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from pathlib import Path
+
+from openft.settings import Settings
+
+
+def _settings(args: argparse.Namespace, **overrides) -> Settings:
+    values = {k: v for k, v in overrides.items() if v is not None}
+    if getattr(args, "data_dir", None) is not None:
+        values["data_dir"] = Path(args.data_dir)
+    return Settings(**values)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from openft.ray_runtime import prepare_ray_environment
+
+    settings = _settings(args)
+    if not settings.ray_address:
+        prepare_ray_environment(settings)
+    import ray
+    from ray import serve
+
+    from openft.ray_runtime import deploy_api, start_ray
+
+    context = start_ray(settings, host=args.host)
+    base_url = deploy_api(settings, host=args.host, port=args.port)
+    dashboard = getattr(context, "dashboard_url", None)
+    print(f"openft API: {base_url}", flush=True)
+    if dashboard:
+        print(f"Ray dashboard: http://{dashboard}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    print("shutting down", flush=True)
+    serve.shutdown()
+    ray.shutdown()
+    return 0
+
+
+def cmd_accounts_create(args: argparse.Namespace) -> int:
+    from storage.accounts import create_account
+    from storage.db import Database
+
+    settings = _settings(args)
+    db = Database(settings.resolved_database_url())
+    with db.session() as session:
+        account, key = create_account(
+            session, args.name, open_jobs_limit=args.open_jobs or settings.new_account_open_jobs
+        )
+        print(f"account {account.name} ({account.org_id})")
+    print(key)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from openft.demo import run_demo
+
+    return run_demo(_settings(args, model_source="standin"), host=args.host, port=args.port)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="openft", description="OpenAI-compatible fine-tuning on Ray.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve_p = sub.add_parser("serve", help="start (or join) Ray and serve the API")
+    serve_p.add_argument("--host", default="127.0.0.1")
+    serve_p.add_argument("--port", type=int, default=8000)
+    serve_p.add_argument("--data-dir", default=None)
+    serve_p.set_defaults(func=cmd_serve)
+
+    accounts = sub.add_parser("accounts", help="manage accounts").add_subparsers(dest="action", required=True)
+    create = accounts.add_parser("create", help="create an account; prints its API key as the last line")
+    create.add_argument("name")
+    create.add_argument("--data-dir", default=None)
+    create.add_argument("--open-jobs", type=int, default=None)
+    create.set_defaults(func=cmd_accounts_create)
+
+    demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded defaults")
+    demo.add_argument("--host", default="127.0.0.1")
+    demo.add_argument("--port", type=int, default=8000)
+    demo.add_argument("--data-dir", default=None)
+    demo.set_defaults(func=cmd_demo)
+
+    args = parser.parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

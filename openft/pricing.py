@@ -1,0 +1,61 @@
+"""The per-token price table the quote reads: a rate per base for supervised and for DPO, and
+the per-job minimum.
+
+It is a plain pydantic model so that `Settings` can carry it (and an operator can replace it as
+JSON); nothing here reads the environment. The defaults are plausible list prices, in USD per
+million trained tokens, scaled with the GPU time a token costs on each base. QLoRA is charged the
+LoRA rate (one rate per base), long-context jobs the same rate, and DPO twice the supervised rate
+because it trains about 2 times slower (reference pass, two answers per prompt).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from catalog.bases import BASES
+
+
+class BaseRate(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    supervised_usd_per_mtok: float = Field(gt=0)
+    """USD per million trained tokens (tokens x epochs) for LoRA and QLoRA."""
+    dpo_usd_per_mtok: float = Field(gt=0)
+    """USD per million DPO training tokens: the prompt and both answers, every epoch."""
+
+
+def _rate(supervised: float) -> BaseRate:
+    return BaseRate(supervised_usd_per_mtok=supervised, dpo_usd_per_mtok=round(2 * supervised, 2))
+
+
+DEFAULT_RATES: dict[str, BaseRate] = {
+    "qwen2.5-0.5b-instruct": _rate(0.40),
+    "qwen2.5-1.5b-instruct": _rate(0.80),
+    "qwen2.5-7b-instruct": _rate(2.00),
+    "mistral-7b-instruct-v0.3": _rate(2.00),
+    "qwen3-8b": _rate(2.20),
+    "llama-3.1-8b-instruct": _rate(2.20),
+    "gpt-oss-20b": _rate(4.00),
+    "qwen3.5-9b": _rate(2.60),
+}
+
+
+class PriceTable(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    minimum_usd: float = Field(0.50, ge=0)
+    """The least a succeeded job is charged."""
+    rates: dict[str, BaseRate] = Field(default_factory=lambda: dict(DEFAULT_RATES))
+    """Per base id; must cover every catalog base."""
+
+    @model_validator(mode="after")
+    def _covers_catalog(self) -> PriceTable:
+        # A base without a price would only fail at its first create; fail at startup instead.
+        missing = [base_id for base_id in BASES if base_id not in self.rates]
+        if missing:
+            raise ValueError(f"the price table has no rate for: {', '.join(missing)}")
+        return self
+
+    def trained_usd_per_mtok(self, model: str, method_type: str) -> float:
+        rate = self.rates[model]
+        return rate.dpo_usd_per_mtok if method_type == "dpo" else rate.supervised_usd_per_mtok

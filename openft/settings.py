@@ -1,0 +1,54 @@
+"""The one settings object, read at entry points (CLI, deployment builder) and passed down.
+
+Library code never reads the environment: Ray tasks and actors receive a `Settings` (it is a
+plain pydantic model, so it pickles) as an explicit argument.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from openft.pricing import PriceTable
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OPENFT_", extra="ignore")
+
+    data_dir: Path = Field(Path(".openft"), description="Local state: SQLite file, objects, Ray temp dir, stand-ins.")
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default a SQLite file (WAL) in the data dir. PostgreSQL: postgresql+psycopg://..."
+    )
+    storage_url: str | None = Field(
+        None, description="file:///abs/dir or s3://bucket/prefix; default file://<data dir>/objects."
+    )
+    s3_endpoint_url: str | None = Field(None, description="S3-compatible endpoint (MinIO, R2, SeaweedFS); None = AWS.")
+    s3_region: str = Field("us-east-1", description="Region used to sign S3 requests.")
+    ray_address: str | None = Field(
+        None,
+        validation_alias=AliasChoices("OPENFT_RAY_ADDRESS", "RAY_ADDRESS"),
+        description="Join this Ray cluster instead of starting a local one.",
+    )
+    model_source: str = Field(
+        "hub", description="Where base weights come from: hub | dir:/path/to/mirror | standin (tiny generated bases)."
+    )
+    validate_ray_threshold_bytes: int = Field(
+        8 * 1024 * 1024, description="Uploads above this size have their remaining lines validated by a Ray Data job."
+    )
+    validate_block_bytes: int = Field(4 * 1024 * 1024, description="Byte range one Ray Data validation task reads.")
+    file_retention_days: int = Field(30, description="Uploaded and derived files expire this long after creation.")
+    new_account_open_jobs: int = Field(1, description="Open fine-tuning jobs allowed to a new account.")
+    prices: PriceTable = Field(default_factory=PriceTable, description="Per-base rates (OPENFT_PRICES as JSON).")
+    reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'openft.db'}"
+
+    def resolved_storage_url(self) -> str:
+        return self.storage_url or f"file://{self.data_dir.resolve() / 'objects'}"
+
+    @property
+    def ray_temp_dir(self) -> Path:
+        return self.data_dir.resolve() / "ray"

@@ -1,0 +1,76 @@
+"""Engine and session factory for the metadata database (the source of truth for every object).
+
+SQLite (WAL, a busy timeout so concurrent Serve replicas and Ray tasks wait instead of failing)
+by default, PostgreSQL by URL. The schema is created and upgraded by Alembic (`storage/migrations`).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def make_engine(url: str) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_pragmas(dbapi_conn, _record):
+            # pysqlite opens transactions lazily and on its own; the "begin" hook below does it.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin_immediate(conn):
+            # Take the write lock at BEGIN: read-then-write transactions (admission checks) would
+            # otherwise deadlock-upgrade and fail with "database is locked" under concurrency.
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+def upgrade(engine: Engine) -> None:
+    """Bring the schema to the newest migration (idempotent)."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, "head")
+
+
+class Database:
+    """An engine plus a session factory; built from a URL at an entry point and passed in."""
+
+    def __init__(self, url: str, *, migrate: bool = True):
+        self.url = url
+        self.engine = make_engine(url)
+        if migrate:
+            upgrade(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """A unit of work: commits on success, rolls back on any exception (and re-raises it)."""
+        with self._sessions() as s:
+            with s.begin():
+                yield s
+
+    def dispose(self) -> None:
+        self.engine.dispose()

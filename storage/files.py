@@ -1,0 +1,53 @@
+"""File repository: the `files` table. Visibility rules (owner, not deleted) live here once."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from storage.models import File
+
+
+def add_file(session: Session, file: File) -> File:
+    session.add(file)
+    session.flush()
+    return file
+
+
+def get_file(session: Session, account_id: str, file_id: str, *, for_update: bool = False) -> File | None:
+    query = select(File).where(File.id == file_id, File.account_id == account_id, File.deleted_at.is_(None))
+    if for_update:
+        query = query.with_for_update()
+    return session.scalar(query)
+
+
+def list_files(
+    session: Session, account_id: str, *, purpose: str | None, limit: int, after: str | None, order: str
+) -> tuple[Sequence[File], bool]:
+    """One page, ordered by (created_ns, id); `after` is the id of the last file of the previous page."""
+    query = select(File).where(File.account_id == account_id, File.deleted_at.is_(None))
+    if purpose:
+        query = query.where(File.purpose == purpose)
+    desc = order == "desc"
+    if after:
+        cursor = get_file(session, account_id, after)
+        if cursor is not None:
+            ns, fid = File.created_ns, File.id
+            if desc:
+                query = query.where((ns < cursor.created_ns) | ((ns == cursor.created_ns) & (fid < cursor.id)))
+            else:
+                query = query.where((ns > cursor.created_ns) | ((ns == cursor.created_ns) & (fid > cursor.id)))
+    if desc:
+        query = query.order_by(File.created_ns.desc(), File.id.desc())
+    else:
+        query = query.order_by(File.created_ns.asc(), File.id.asc())
+    rows = session.scalars(query.limit(limit + 1)).all()
+    return rows[:limit], len(rows) > limit
+
+
+def expired_files(session: Session, now: int, limit: int = 1000) -> Sequence[File]:
+    return session.scalars(
+        select(File).where(File.deleted_at.is_(None), File.expires_at.is_not(None), File.expires_at <= now).limit(limit)
+    ).all()

@@ -1,0 +1,82 @@
+"""Job and event repository."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from openft.ids import event_id
+from storage.models import Job, JobEvent
+
+OPEN_STATUSES = ("validating_files", "queued", "running", "paused")
+ENDED_STATUSES = ("succeeded", "failed", "cancelled")
+
+
+def file_in_running_job(session: Session, file_id: str) -> bool:
+    """Open jobs (not only `running` ones) hold their files: a queued job must still find them."""
+    query = select(func.count()).select_from(Job).where(
+        Job.status.in_(OPEN_STATUSES), or_(Job.training_file == file_id, Job.validation_file == file_id)
+    )
+    return session.scalar(query) > 0
+
+
+def count_open_jobs(session: Session, account_id: str) -> int:
+    return session.scalar(
+        select(func.count()).select_from(Job).where(Job.account_id == account_id, Job.status.in_(OPEN_STATUSES))
+    )
+
+
+def get_job(session: Session, account_id: str, job_id: str, *, for_update: bool = False) -> Job | None:
+    query = select(Job).where(Job.id == job_id, Job.account_id == account_id)
+    if for_update:
+        query = query.with_for_update()
+    return session.scalar(query)
+
+
+def list_jobs(
+    session: Session, account_id: str, *, limit: int, after: str | None, metadata: dict[str, str]
+) -> tuple[Sequence[Job], bool]:
+    """Newest first; `after` is the id of the last job of the previous page."""
+    query = select(Job).where(Job.account_id == account_id)
+    if after:
+        cursor = get_job(session, account_id, after)
+        if cursor is not None:
+            query = query.where(
+                (Job.created_ns < cursor.created_ns) | ((Job.created_ns == cursor.created_ns) & (Job.id < cursor.id))
+            )
+    query = query.order_by(Job.created_ns.desc(), Job.id.desc())
+    if not metadata:
+        rows = session.scalars(query.limit(limit + 1)).all()
+        return rows[:limit], len(rows) > limit
+    # JSON containment differs across SQLite and PostgreSQL; metadata is at most 16 short pairs,
+    # so filter in Python over the account's jobs in pages.
+    out: list[Job] = []
+    for job in session.scalars(query).yield_per(200):
+        if all((job.job_metadata or {}).get(k) == v for k, v in metadata.items()):
+            out.append(job)
+            if len(out) > limit:
+                break
+    return out[:limit], len(out) > limit
+
+
+def add_event(
+    session: Session, job_id: str, now: int, message: str, *, level: str = "info", type: str = "message",
+    data: dict | None = None,
+) -> JobEvent:
+    event = JobEvent(id=event_id(), job_id=job_id, created_at=now, level=level, message=message, type=type, data=data)
+    session.add(event)
+    session.flush()
+    return event
+
+
+def list_events(session: Session, job_id: str, *, limit: int, after: str | None) -> tuple[Sequence[JobEvent], bool]:
+    """Newest first, like OpenAI's; `after` is the id of the last event of the previous page."""
+    query = select(JobEvent).where(JobEvent.job_id == job_id)
+    if after:
+        cursor_seq = session.scalar(select(JobEvent.seq).where(JobEvent.id == after, JobEvent.job_id == job_id))
+        if cursor_seq is not None:
+            query = query.where(JobEvent.seq < cursor_seq)
+    rows = session.scalars(query.order_by(JobEvent.seq.desc()).limit(limit + 1)).all()
+    return rows[:limit], len(rows) > limit

@@ -1,0 +1,101 @@
+"""ORM models of the metadata database. Every row that a user owns carries `account_id`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {dict[str, Any]: JSON, list[Any]: JSON}
+
+
+class Account(Base):
+    __tablename__ = "accounts"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    org_id: Mapped[str] = mapped_column(String(20), unique=True)
+    # SHA-256 of the API key: keys are 256-bit random, so a fast hash is enough to make a leaked
+    # table useless, and the lookup stays an index seek; the final comparison is constant-time.
+    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    key_hint: Mapped[str] = mapped_column(String(16))
+    open_jobs_limit: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class File(Base):
+    __tablename__ = "files"
+    __table_args__ = (
+        Index("ix_files_account_created", "account_id", "created_ns", "id"),
+        Index("ix_files_expires", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    filename: Mapped[str] = mapped_column(String(512))
+    purpose: Mapped[str] = mapped_column(String(32))
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    # Nanoseconds at creation: orders lists stably where many objects share one created_at second.
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    status: Mapped[str] = mapped_column(String(16))
+    sha256: Mapped[str] = mapped_column(String(64))
+    object_key: Mapped[str] = mapped_column(String(512))
+    # Validation results (fine-tune files): see pipelines/validate.py FileStats.
+    stats: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    derived_from: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class Job(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        Index("ix_jobs_account_created", "account_id", "created_ns", "id"),
+        Index("ix_jobs_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(48), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    model: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(24))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    estimated_finish: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    training_file: Mapped[str] = mapped_column(String(40))
+    validation_file: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    # The normalized create request (serve_app.services.job_params.JobSpec) the trainer reads.
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    job_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    user_provided_suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    quote: Mapped[dict[str, Any]] = mapped_column(JSON)
+    result: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    fine_tuned_model: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    fine_tuned_adapter: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    trained_tokens: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    result_files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    # Requests the trainer acts on at its next step; the status changes once it has.
+    control: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class JobEvent(Base):
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_seq", "job_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    id: Mapped[str] = mapped_column(String(40), unique=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    level: Mapped[str] = mapped_column(String(8))
+    message: Mapped[str] = mapped_column(String(2000))
+    type: Mapped[str] = mapped_column(String(8))
+    data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)

@@ -1,0 +1,142 @@
+"""Session-wide real infrastructure: one local Ray cluster, one Ray Serve instance, and the API
+deployed twice on it: over SQLite + local objects and over PostgreSQL (127.0.0.1:5432) + local
+objects. API tests take the `api` fixture and run against both."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import tempfile
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import openai
+import pytest
+
+from openft.ray_runtime import prepare_ray_environment
+from openft.settings import Settings
+
+# Short and outside pytest's deep tmp paths: Ray keeps unix sockets under it. Prepared at import,
+# before any test module imports ray: Ray reads its auth mode once, at import.
+SESSION_DIR = Path(tempfile.mkdtemp(prefix="oft-"))
+RAY_SETTINGS = Settings(data_dir=SESSION_DIR / "ray-home")
+prepare_ray_environment(RAY_SETTINGS)
+
+PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def postgres_reachable() -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", 5432), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.fixture(scope="session")
+def session_dir() -> Path:
+    yield SESSION_DIR
+    shutil.rmtree(SESSION_DIR, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(session_dir: Path):
+    import ray
+
+    from openft.ray_runtime import start_ray
+
+    start_ray(RAY_SETTINGS, dashboard=False, num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def pg_database_url():
+    """A fresh PostgreSQL database for this session, dropped at the end."""
+    if not postgres_reachable():
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432: the PostgreSQL runs are skipped")
+    import sqlalchemy as sa
+
+    name = f"openft_test_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()
+
+
+@dataclass
+class Api:
+    """A deployed API: its settings (to reach its DB and store directly) and base URL."""
+
+    name: str
+    settings: Settings
+    base_url: str
+
+    def client(self, key: str, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, **kw)
+
+    def create_account(self, name: str | None = None, open_jobs: int = 1) -> tuple[str, str]:
+        """Returns (account id, key), made through the same repository the CLI uses."""
+        from storage.accounts import create_account
+        from storage.db import Database
+
+        db = Database(self.settings.resolved_database_url())
+        try:
+            with db.session() as session:
+                account, key = create_account(session, name or f"acct-{uuid.uuid4().hex[:8]}", open_jobs_limit=open_jobs)
+                return account.id, key
+        finally:
+            db.dispose()
+
+
+@pytest.fixture(scope="session")
+def serve_port(ray_cluster) -> int:
+    from ray import serve
+
+    port = free_port()
+    serve.start(http_options={"host": "127.0.0.1", "port": port})
+    yield port
+    serve.shutdown()
+
+
+def _deploy(name: str, settings: Settings, port: int) -> Api:
+    from openft.ray_runtime import deploy_api
+
+    base_url = deploy_api(settings, host="127.0.0.1", port=port, name=name, route_prefix=f"/{name}")
+    return Api(name=name, settings=settings, base_url=base_url)
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def api(request, session_dir: Path, serve_port: int) -> Api:
+    name = request.param
+    data_dir = session_dir / f"api-{name}"
+    overrides = {"model_source": "standin"}
+    if name == "postgres":
+        overrides["database_url"] = request.getfixturevalue("pg_database_url")
+    settings = Settings(data_dir=data_dir, **overrides)
+    return _deploy(name, settings, serve_port)
+
+
+@pytest.fixture
+def account(api: Api):
+    """A fresh account on the API under test: (client, account id, key)."""
+    account_id, key = api.create_account()
+    return api.client(key), account_id, key
+
+
+def redeploy(api: Api, port: int) -> Api:
+    """Delete the Serve application and deploy it again from the same settings (a restart)."""
+    from ray import serve
+
+    serve.delete(api.name)
+    return _deploy(api.name, api.settings, port)
