@@ -89,8 +89,10 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--block-mib", type=int, default=4, help="Ray Data range size (settings.validate_block_bytes)")
     args = parser.parse_args()
 
+    block_bytes = args.block_mib << 20
     data = make_file(args.mib << 20, args.seed)
     mb = len(data) / 1e6
     tmp = Path(tempfile.mkdtemp(prefix="openft-bench-"))
@@ -114,7 +116,8 @@ def main() -> None:
     def upload() -> FileStats:
         v, head = inline(HANDOFF)
         return build_validation(
-            store.spec(), key, "fine-tune", start_offset=v.checked_offset, start_line=v.checked_line, head_stats=head
+            store.spec(), key, "fine-tune", start_offset=v.checked_offset, start_line=v.checked_line, head_stats=head,
+            block_bytes=block_bytes,
         )
 
     floor_s, rows = best_of(args.repeat, floor)
@@ -125,9 +128,8 @@ def main() -> None:
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(include_dashboard=False, _temp_dir=f"/tmp/openft-ray-{os.getpid()}", address="local", log_to_driver=False)
-    ray.data.DataContext.get_current().enable_progress_bars = False
-    cold_s, _ = best_of(1, lambda: build_validation(store.spec(), key, "fine-tune"))
-    ray_s, ray_stats = best_of(args.repeat, lambda: build_validation(store.spec(), key, "fine-tune"))
+    cold_s, _ = best_of(1, lambda: build_validation(store.spec(), key, "fine-tune", block_bytes=block_bytes))
+    ray_s, ray_stats = best_of(args.repeat, lambda: build_validation(store.spec(), key, "fine-tune", block_bytes=block_bytes))
     upload_s, upload_stats = best_of(args.repeat, upload)
     ray.shutdown()
     shutil.rmtree(tmp)
@@ -137,6 +139,7 @@ def main() -> None:
         "bytes": len(data),
         "rows": rows,
         "cpus": os.cpu_count(),
+        "block_bytes": block_bytes,
         "floor_mb_s": round(mb / floor_s, 1),
         "inline_mb_s": round(mb / inline_s, 1),
         "ray_mb_s": round(mb / ray_s, 1),

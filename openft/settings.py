@@ -50,5 +50,10 @@ class Settings(BaseSettings):
         return self.storage_url or f"file://{self.data_dir.resolve() / 'objects'}"
 
     @property
+    def model_cache_dir(self) -> Path:
+        """Hub downloads and generated stand-in bases."""
+        return self.data_dir.resolve() / "models"
+
+    @property
     def ray_temp_dir(self) -> Path:
         return self.data_dir.resolve() / "ray"

@@ -78,14 +78,18 @@ def _unsupported_key(obj: dict, allowed: frozenset, where: str) -> FileValidatio
     return _fail("unsupported_field", f"{where} has {_name(key)}, which is not supported; {why}")
 
 
-def line_too_large(line: bytes) -> bool:
-    n = len(line)
+def too_long(n: int, last_byte: int) -> bool:
+    """Whether a line of `n` bytes (without its newline) ending in `last_byte` is over the limit."""
     # A \r\n line ending is accepted: its \r is not counted against the limit.
-    return n > MAX_LINE_BYTES and not (n == MAX_LINE_BYTES + 1 and line[-1] == 13)
+    return n > MAX_LINE_BYTES and not (n == MAX_LINE_BYTES + 1 and last_byte == 13)
+
+
+def line_too_large(line: bytes) -> bool:
+    return len(line) > MAX_LINE_BYTES and too_long(len(line), line[-1])
 
 
 def _parse(line: bytes) -> dict:
-    if len(line) > MAX_LINE_BYTES and line_too_large(line):
+    if line_too_large(line):
         raise _fail("line_too_large", LINE_TOO_LARGE)
     try:
         row = loads(line)

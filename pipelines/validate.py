@@ -21,6 +21,7 @@ from pipelines._rows import (
     FileValidationError,
     LineInfo,
     line_too_large,
+    too_long,
 )
 
 __all__ = [
@@ -173,7 +174,8 @@ class StreamingValidator:
         self.checked_offset = 0  # file offset of the first line not fully checked
         self._full = True  # still checking every line
         self._parts: list[bytes] = []  # the line in progress
-        self._pending = 0
+        self._pending = 0  # its length
+        self._last_byte = 0  # the last byte fed
         self._tally = Tally()
         self._error: FileValidationError | None = None
 
@@ -202,9 +204,13 @@ class StreamingValidator:
     def finish(self) -> FileStats:
         self._raise_if_failed()
         try:
-            if self._pending:
+            if self._pending and self._full:
                 self._lines([b"".join(self._parts)], final=True)
                 self._parts.clear()
+            elif self._pending:
+                if too_long(self._pending, self._last_byte):
+                    raise FileValidationError("line_too_large", LINE_TOO_LARGE, self.lines + 1)
+                self.lines += 1
             if not self.lines:
                 raise FileValidationError("empty_file", EMPTY_FILE)
         except FileValidationError as err:
@@ -217,19 +223,45 @@ class StreamingValidator:
             raise self._error
 
     def _feed(self, chunk: bytes) -> None:
+        if not chunk:
+            return
         self.total_bytes += len(chunk)
-        if b"\n" in chunk:
+        if not self._full:
+            self._skim(chunk)
+        elif b"\n" in chunk:
             self._parts.append(chunk)
             lines = b"".join(self._parts).split(b"\n")
             last = lines.pop()
             self._parts = [last]
             self._pending = len(last)
             self._lines(lines)
-        elif chunk:
+            if not self._full:
+                self._parts = []  # from here on only lengths matter
+        else:
             self._parts.append(chunk)
             self._pending += len(chunk)
+        self._last_byte = chunk[-1]
         if self._pending > _MAX_PENDING:
             raise FileValidationError("line_too_large", LINE_TOO_LARGE, self.lines + 1)
+
+    def _skim(self, chunk: bytes) -> None:
+        """Count lines and check their sizes without copying them out of the chunk."""
+        first = chunk.find(b"\n")
+        if first < 0:
+            self._pending += len(chunk)
+            return
+        if too_long(self._pending + first, chunk[first - 1] if first else self._last_byte):
+            raise FileValidationError("line_too_large", LINE_TOO_LARGE, self.lines + 1)
+        start, last = first + 1, chunk.rfind(b"\n")
+        while start <= last:
+            # Only the first line of a window one line-limit wide can reach the limit; skip the rest.
+            window = start + MAX_LINE_BYTES + 2
+            end = chunk.find(b"\n", start, window)
+            if end < 0 or too_long(end - start, chunk[end - 1]):
+                raise FileValidationError("line_too_large", LINE_TOO_LARGE, self.lines + chunk.count(b"\n", 0, start) + 1)
+            start = chunk.rfind(b"\n", start, window) + 1
+        self.lines += chunk.count(b"\n")
+        self._pending = len(chunk) - last - 1
 
     def _lines(self, lines: list[bytes], final: bool = False) -> None:
         """Complete lines in order; `final`: one last line without a newline."""

@@ -94,6 +94,7 @@ def build_validation(
         # The default allocator keeps half of the CPUs in reserve for other operators; this job has
         # one, and with reservation on it ran one task at a time on a 2-CPU node (2x slower).
         ds.context.op_resource_reservation_enabled = False
+        ds.context.enable_progress_bars = False  # a server-side job: bars only cost the driver CPU
         fn_kwargs = {"store_spec": tuple(store_spec), "key": key, "purpose": purpose}
         rows = ds.map(_scan_range, fn_kwargs=fn_kwargs).take_all()
         for row in sorted(rows, key=lambda r: r["index"]):

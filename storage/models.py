@@ -84,6 +84,8 @@ class Job(Base):
     result_files: Mapped[list[Any]] = mapped_column(JSON, default=list)
     # Requests the trainer acts on at its next step; the status changes once it has.
     control: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    # The status a paused job had: it resumes there, and holds the account's slot unless it was waiting.
+    paused_from: Mapped[str | None] = mapped_column(String(24), nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger)
 
 

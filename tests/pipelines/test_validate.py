@@ -308,3 +308,22 @@ def test_full_check_bytes_past_the_end_checks_everything():
     v.feed(data)
     assert v.finish() == stream_stats(data)
     assert (v.complete, v.checked_offset, v.checked_line) == (True, len(data), 4)
+
+
+@pytest.mark.parametrize("chunk", [4093, 65536, 3 * MiB])
+def test_line_sizes_past_full_check_bytes_are_exact(chunk: int):
+    head = jsonl([chat_row()] * 3)
+    exact, over = b"a" * MiB, b"a" * (MiB + 1)
+    ok = head + b"[]\n" + exact + b"\r\n" + exact + b"\n" + b"x" * MiB + b"\r"
+    v = StreamingValidator("fine-tune", full_check_bytes=len(head))
+    for i in range(0, len(ok), chunk):
+        v.feed(ok[i : i + chunk])
+    assert (v.finish().rows, v.lines) == (3, 7)
+    for data, line in (
+        (head + b"[]\n" + exact + b"\n" + over + b"\n" + exact + b"\n", 6),
+        (head + b"[]\n" * 5 + over + b"\r\n", 9),
+        (head + over + b"\n", 4),
+        (head + b"[]\n" + over, 5),
+    ):
+        err = stream_error(data, "fine-tune", chunk, full_check_bytes=len(head))
+        assert (err.code, err.line) == ("line_too_large", line)

@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("trained_tokens", sa.BigInteger, nullable=True),
         sa.Column("result_files", sa.JSON, nullable=False),
         sa.Column("control", sa.String(16), nullable=True),
+        sa.Column("paused_from", sa.String(24), nullable=True),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
     op.create_index("ix_jobs_account_created", "jobs", ["account_id", "created_ns", "id"])

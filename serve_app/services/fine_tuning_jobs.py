@@ -1,0 +1,217 @@
+"""Fine-tuning jobs: create (every refusal, the quote, admission under the open-job limit),
+list, retrieve, events, cancel, pause and resume."""
+
+from __future__ import annotations
+
+import secrets
+import time
+
+from sqlalchemy import select
+
+from catalog.bases import get_base
+from openft.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from openft.ids import job_id as new_job_id
+from pipelines.create_checks import check_file_for_base
+from serve_app.schemas.common import Page
+from serve_app.schemas.fine_tuning import FineTuningJob, FineTuningJobEvent, JobError, JobGridline
+from serve_app.services.job_params import FileFacts, JobSpec, check_job_files, file_not_found, parse_create_request
+from serve_app.services.quote import quote_job
+from serve_app.state import AppState
+from storage import files as files_repo
+from storage import jobs as jobs_repo
+from storage.job_lifecycle import admit, finish, promote_waiting
+from storage.models import Account, File, Job
+
+PAUSABLE = ("validating_files", "queued", "running")
+
+
+def job_object(job: Job, account: Account) -> FineTuningJob:
+    spec = job.spec
+    return FineTuningJob(
+        id=job.id,
+        created_at=job.created_at,
+        error=JobError(**job.error) if job.error else None,
+        fine_tuned_model=job.fine_tuned_model,
+        finished_at=job.finished_at,
+        hyperparameters=spec["hyperparameters"],
+        model=job.model,
+        organization_id=account.org_id,
+        result_files=job.result_files or [],
+        seed=job.seed,
+        status=job.status,
+        trained_tokens=job.trained_tokens,
+        training_file=job.training_file,
+        validation_file=job.validation_file,
+        estimated_finish=job.estimated_finish,
+        metadata=job.job_metadata,
+        method=spec["method"],
+        user_provided_suffix=job.user_provided_suffix,
+        gridline=JobGridline(
+            quote=job.quote, result=job.result, fine_tuned_adapter=job.fine_tuned_adapter, reason=job.reason
+        ),
+    )
+
+
+def _facts(row: File) -> FileFacts:
+    stats = row.stats or {}
+    return FileFacts(
+        id=row.id, purpose=row.purpose, status=row.status, bytes=row.bytes, row_kind=stats.get("row_kind"),
+        rows=stats.get("rows", 0), messages=stats.get("messages", 0), content_bytes=stats.get("content_bytes", 0),
+        token_upper_bound=stats.get("token_upper_bound", 0), token_estimates=stats.get("token_estimates", {}),
+    )
+
+
+def _files(state: AppState, account: Account, spec: JobSpec) -> tuple[File, File | None]:
+    with state.db.session() as session:
+        training = files_repo.get_file(session, account.id, spec.training_file)
+        validation = files_repo.get_file(session, account.id, spec.validation_file) if spec.validation_file else None
+    if training is None:
+        raise file_not_found("training_file")
+    if spec.validation_file and validation is None:
+        raise file_not_found("validation_file")
+    return training, validation
+
+
+def _limit_error(limit: int, current: int) -> RateLimited:
+    return RateLimited(
+        f"Your account can have {limit} open fine-tuning job(s) and has {current}. "
+        "Retry after a job ends, or cancel one.",
+        limit=limit, current=current,
+    )
+
+
+def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
+    spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31))
+    base = get_base(spec.model)
+    with state.db.session() as session:
+        current = jobs_repo.count_open_jobs(session, account.id)
+    if current >= account.open_jobs_limit:  # fail fast; re-checked under the lock below
+        raise _limit_error(account.open_jobs_limit, current)
+    training, validation = _files(state, account, spec)
+    check_job_files(spec, _facts(training), _facts(validation) if validation else None)
+    quote = quote_job(spec, _facts(training), _facts(validation) if validation else None, state.settings.prices)
+    for param, row in (("training_file", training), ("validation_file", validation)):
+        if row is not None:
+            check_file_for_base(
+                state.store.spec(), row.object_key, row_kind=row.stats["row_kind"], base=base,
+                model_source=state.settings.model_source, cache_root=state.settings.model_cache_dir, param=param,
+                inline_bytes=state.settings.validate_ray_threshold_bytes, block_bytes=state.settings.validate_block_bytes,
+            )
+    now = state.now()
+    with state.db.session() as session:
+        # The account row lock serializes concurrent creates of one account (SQLite: BEGIN IMMEDIATE).
+        locked = session.scalar(select(Account).where(Account.id == account.id).with_for_update())
+        current = jobs_repo.count_open_jobs(session, account.id)
+        if current >= locked.open_jobs_limit:
+            raise _limit_error(locked.open_jobs_limit, current)
+        for param, row in (("training_file", training), ("validation_file", validation)):
+            if row is not None and files_repo.get_file(session, account.id, row.id) is None:
+                raise file_not_found(param)  # deleted while the checks ran
+        job = Job(
+            id=new_job_id(), account_id=account.id, model=spec.model, status="validating_files",
+            created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
+            validation_file=spec.validation_file, seed=spec.seed,
+            spec={**_spec_record(spec), "hyperparameters": spec.hyperparameters_wire(), "method": spec.method_wire()},
+            job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix, quote=quote.model_dump(),
+            estimated_finish=quote.estimated_finish(now), result_files=[], updated_at=now,
+        )
+        session.add(job)
+        session.flush()
+        jobs_repo.add_event(session, job.id, now, f"Created fine-tuning job: {job.id}")
+        if "suffix_ignored" in spec.warnings:
+            jobs_repo.add_event(
+                session, job.id, now, "suffix_ignored: suffix is accepted but not used for model names yet.",
+                level="warn", data={"code": "suffix_ignored"},
+            )
+        admit(session, job, now)
+        return job_object(job, account)
+
+
+def _spec_record(spec: JobSpec) -> dict:
+    from dataclasses import asdict
+
+    record = asdict(spec)
+    record["warnings"] = list(spec.warnings)
+    return record
+
+
+def _get(session, account: Account, job_id: str, *, for_update: bool = False) -> Job:
+    job = jobs_repo.get_job(session, account.id, job_id, for_update=for_update)
+    if job is None:
+        raise NotFound("No such fine-tuning job.", param="fine_tuning_job_id")
+    return job
+
+
+def retrieve_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
+    with state.db.session() as session:
+        return job_object(_get(session, account, job_id), account)
+
+
+def list_jobs(state: AppState, account: Account, *, limit: int, after: str | None, metadata: dict[str, str]) -> Page[FineTuningJob]:
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    with state.db.session() as session:
+        rows, has_more = jobs_repo.list_jobs(session, account.id, limit=limit, after=after, metadata=metadata)
+        data = [job_object(j, account) for j in rows]
+    return Page[FineTuningJob](data=data, has_more=has_more)
+
+
+def list_events(state: AppState, account: Account, job_id: str, *, limit: int, after: str | None) -> Page[FineTuningJobEvent]:
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    with state.db.session() as session:
+        _get(session, account, job_id)
+        rows, has_more = jobs_repo.list_events(session, job_id, limit=limit, after=after)
+        data = [
+            FineTuningJobEvent(id=e.id, created_at=e.created_at, level=e.level, message=e.message, data=e.data, type=e.type)
+            for e in rows
+        ]
+    return Page[FineTuningJobEvent](data=data, has_more=has_more)
+
+
+def _invalid_state(action: str, job: Job) -> Conflict:
+    state = "registering its adapter" if job.control == "registering" else job.status
+    return Conflict(f"This job cannot be {action}: it is {state}.", code="invalid_state", param="fine_tuning_job_id")
+
+
+def cancel_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
+    now = state.now()
+    with state.db.session() as session:
+        job = _get(session, account, job_id, for_update=True)
+        if job.status in jobs_repo.ENDED_STATUSES or job.control == "registering":
+            raise _invalid_state("cancelled", job)
+        # A running job's Train run sees `cancel` at its next step and stops without registering.
+        job.control = "cancel" if job.status in ("running", "paused") else None
+        finish(session, job, "cancelled", now, message="Fine-tuning job cancelled.")
+        return job_object(job, account)
+
+
+def pause_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
+    now = state.now()
+    with state.db.session() as session:
+        job = _get(session, account, job_id, for_update=True)
+        if job.status not in PAUSABLE or job.control == "registering":
+            raise _invalid_state("paused", job)
+        was = job.status
+        job.status, job.updated_at, job.estimated_finish = "paused", now, None
+        # A running job checkpoints at its next step and stops; it keeps the account's slot.
+        job.control = "pause" if was == "running" else None
+        job.paused_from = was
+        jobs_repo.add_event(session, job.id, now, f"Fine-tuning job paused (was {was}).")
+        return job_object(job, account)
+
+
+def resume_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
+    now = state.now()
+    with state.db.session() as session:
+        job = _get(session, account, job_id, for_update=True)
+        if job.status != "paused":
+            raise _invalid_state("resumed", job)
+        # A job paused while waiting keeps waiting; anything else goes back to the queue first.
+        job.status = "validating_files" if job.paused_from == "validating_files" else "queued"
+        job.control, job.paused_from, job.updated_at = None, None, now
+        jobs_repo.add_event(session, job.id, now, "Fine-tuning job resumed.")
+        if job.status == "validating_files":
+            session.flush()
+            promote_waiting(session, account.id, now)
+        return job_object(job, account)
