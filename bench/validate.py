@@ -30,6 +30,14 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from openft.ray_runtime import prepare_ray_environment, start_ray  # noqa: E402
+from openft.settings import Settings  # noqa: E402
+
+# The service's own Ray start-up (token auth, files under a data dir), prepared before ray's import.
+BENCH_DIR = Path(tempfile.mkdtemp(prefix="openft-bench-"))
+RAY_SETTINGS = Settings(data_dir=BENCH_DIR / "ray-home")
+prepare_ray_environment(RAY_SETTINGS)
+
 from pipelines.validate import FileStats, StreamingValidator  # noqa: E402
 from pipelines.validate_ray import build_validation  # noqa: E402
 from storage.objects import open_object_store  # noqa: E402
@@ -89,13 +97,13 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--block-mib", type=int, default=4, help="Ray Data range size (settings.validate_block_bytes)")
+    parser.add_argument("--block-mib", type=int, default=8, help="Ray Data range size (settings.validate_block_bytes)")
     args = parser.parse_args()
 
     block_bytes = args.block_mib << 20
     data = make_file(args.mib << 20, args.seed)
     mb = len(data) / 1e6
-    tmp = Path(tempfile.mkdtemp(prefix="openft-bench-"))
+    tmp = BENCH_DIR
     store = open_object_store(f"file://{tmp}/objects")
     key = "files/bench/file-validate"
     store.put_bytes(key, data)
@@ -126,8 +134,7 @@ def main() -> None:
 
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(include_dashboard=False, _temp_dir=f"/tmp/openft-ray-{os.getpid()}", address="local", log_to_driver=False)
+    start_ray(RAY_SETTINGS, dashboard=False)
     cold_s, _ = best_of(1, lambda: build_validation(store.spec(), key, "fine-tune", block_bytes=block_bytes))
     ray_s, ray_stats = best_of(args.repeat, lambda: build_validation(store.spec(), key, "fine-tune", block_bytes=block_bytes))
     upload_s, upload_stats = best_of(args.repeat, upload)

@@ -87,6 +87,10 @@ class BaseModelSpec:
     row_overhead_tokens: int = 4
     created: int = 1730419200  # catalog entry date (2024-11-01) as the models API `created`
     extra_files: tuple[str, ...] = field(default=())  # licence files an export carries besides LICENSE
+    # SHA-256 of every file at `revision` (relative path -> hex), which a merge checks the base's bytes
+    # against. Empty: not pinned in the catalog yet; the merge then reads the operator-pinned file
+    # (merge/plan.py) or refuses with merge_base_digest.
+    file_sha256: dict[str, str] = field(default_factory=dict)
 
     def max_rank_for(self, method: str) -> int:
         return self.max_rank_dpo if method == "dpo" else self.max_rank

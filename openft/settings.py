@@ -37,10 +37,22 @@ class Settings(BaseSettings):
     validate_ray_threshold_bytes: int = Field(
         8 * 1024 * 1024, description="Uploads above this size have their remaining lines validated by a Ray Data job."
     )
-    validate_block_bytes: int = Field(4 * 1024 * 1024, description="Byte range one Ray Data validation task reads.")
+    validate_block_bytes: int = Field(8 * 1024 * 1024, description="Byte range one Ray Data validation task reads.")
     file_retention_days: int = Field(30, description="Uploaded and derived files expire this long after creation.")
     new_account_open_jobs: int = Field(1, description="Open fine-tuning jobs allowed to a new account.")
     prices: PriceTable = Field(default_factory=PriceTable, description="Per-base rates (OPENFT_PRICES as JSON).")
+    train_use_gpu: bool = Field(False, description="Train workers take a GPU (production: one 48 GB-class GPU each).")
+    train_worker_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1},
+        description='Ray resources per Train worker, e.g. {"GPU": 1, "gpu_48gb": 1} with a custom resource on 48 GB nodes.',
+    )
+    train_num_workers: int = Field(1, description="Ray Train workers per job (data parallel).")
+    max_concurrent_runs: int = Field(1, description="Training runs the controller keeps going at once.")
+    controller_poll_seconds: float = Field(1.0, description="How often the job controller looks for work.")
+    job_time_limit_seconds: float = Field(7200.0, description="A run longer than this fails with time_limit_exceeded.")
+    capacity_wait_limit_seconds: float = Field(
+        86400.0, description="A job that cannot start within this long fails with job_unavailable."
+    )
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
 
     def resolved_database_url(self) -> str:

@@ -33,6 +33,7 @@ _NAMEABLE = (
 )
 LINE_TOO_LARGE = "the line is over 1 MiB (1,048,576 bytes); shorten or drop the conversation."
 EMPTY_FILE = "the file is empty; upload at least one row."
+_PARTS = "send the text as one string."
 _BOM = b"\xef\xbb\xbf"
 _NOT_JSON = object()
 
@@ -130,7 +131,7 @@ def _check_message(m: Any, where: str, i: int, code: str) -> tuple[str, int, int
         raise _unsupported_key(m, MESSAGE_KEYS, _at(where, i))
     content = m.get("content")
     if type(content) is list:
-        raise _fail("unsupported_field", f"{_at(where, i)} has content parts (a list), which are not supported; send a string.")
+        raise _fail("unsupported_field", f"{_at(where, i)} has content parts (a list), which are not supported; {_PARTS}")
     if type(content) is not str or not content:
         raise _fail(code, f"{_at(where, i)} needs non-empty string content.")
     if role == "system" and i != 1:
@@ -193,14 +194,14 @@ def _check_output(row: dict, field: str) -> str:
     m = out[0]
     role = m.get("role")
     if role in REFUSED_ROLES:
-        raise _fail("unsupported_field", f"'{field}' has role '{role}', which is not supported; send one assistant message.")
+        raise _fail("unsupported_field", f"'{field}' has role '{role}', which is not supported; use an assistant message.")
     if role != "assistant":
         raise _fail("invalid_preference_row", f"'{field}' must be one assistant message.")
     if not m.keys() <= OUTPUT_KEYS:
         raise _unsupported_key(m, OUTPUT_KEYS, f"'{field}'")
     content = m.get("content")
     if type(content) is list:
-        raise _fail("unsupported_field", f"'{field}' has content parts (a list), which are not supported; send a string.")
+        raise _fail("unsupported_field", f"'{field}' has content parts (a list), which are not supported; {_PARTS}")
     if type(content) is not str or not content:
         raise _fail("invalid_preference_row", f"'{field}' needs non-empty string content.")
     return content
@@ -221,14 +222,14 @@ def _check_preference(row: dict) -> LineInfo:
     if type(messages) is not list or not messages:
         raise _fail("invalid_preference_row", "'input.messages' must be a non-empty list of message objects.")
     if len(messages) + 2 > MAX_MESSAGES:
-        raise _fail("too_many_messages", "the row has more than 1,024 messages (input and outputs); shorten the prompt.")
+        raise _fail("too_many_messages", "the row has over 1,024 messages (input and outputs); shorten the prompt.")
     content_bytes, _, _, last_role = _check_messages(messages, "input.messages", "invalid_preference_row")
     if last_role != "user":
         raise _fail("invalid_preference_row", "'input.messages' must end with a user message.")
     preferred = _check_output(row, "preferred_output")
     non_preferred = _check_output(row, "non_preferred_output")
     if preferred == non_preferred:
-        raise _fail("invalid_preference_row", "'preferred_output' and 'non_preferred_output' are the same; they must differ.")
+        raise _fail("invalid_preference_row", "'preferred_output' and 'non_preferred_output' are equal; they must differ.")
     return LineInfo("preference", len(messages) + 2, content_bytes + _utf8_len(preferred) + _utf8_len(non_preferred))
 
 

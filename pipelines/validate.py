@@ -149,9 +149,8 @@ class Tally:
 
 
 def file_too_large(max_bytes: int) -> FileValidationError:
-    return FileValidationError(
-        "file_too_large", f"the file is over {max_bytes:,} bytes ({max_bytes / 2**20:g} MiB); split it into smaller files."
-    )
+    size = f"{max_bytes:,} bytes ({max_bytes / 2**20:g} MiB)"
+    return FileValidationError("file_too_large", f"the file is over {size}; split it into smaller files.")
 
 
 class StreamingValidator:
@@ -258,7 +257,8 @@ class StreamingValidator:
             window = start + MAX_LINE_BYTES + 2
             end = chunk.find(b"\n", start, window)
             if end < 0 or too_long(end - start, chunk[end - 1]):
-                raise FileValidationError("line_too_large", LINE_TOO_LARGE, self.lines + chunk.count(b"\n", 0, start) + 1)
+                line = self.lines + chunk.count(b"\n", 0, start) + 1
+                raise FileValidationError("line_too_large", LINE_TOO_LARGE, line)
             start = chunk.rfind(b"\n", start, window) + 1
         self.lines += chunk.count(b"\n")
         self._pending = len(chunk) - last - 1

@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI
 
 from openft.settings import Settings
 from serve_app.errors import install_error_handlers
-from serve_app.routers import files, fine_tuning_jobs
+from serve_app.routers import adapters, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
 from serve_app.state import AppState
 
@@ -43,5 +43,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1 = APIRouter(prefix="/v1")
     v1.include_router(files.router)
     v1.include_router(fine_tuning_jobs.router)
+    v1.include_router(models.router)
+    v1.include_router(adapters.router)
     app.include_router(v1)
     return app

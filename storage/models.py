@@ -86,6 +86,7 @@ class Job(Base):
     control: Mapped[str | None] = mapped_column(String(16), nullable=True)
     # The status a paused job had: it resumes there, and holds the account's slot unless it was waiting.
     paused_from: Mapped[str | None] = mapped_column(String(24), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[int] = mapped_column(BigInteger)
 
 
@@ -101,3 +102,25 @@ class JobEvent(Base):
     message: Mapped[str] = mapped_column(String(2000))
     type: Mapped[str] = mapped_column(String(8))
     data: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class FineTunedModel(Base):
+    """An `ft:` adapter registered by a succeeded job (servable or download-only)."""
+
+    __tablename__ = "ft_models"
+    __table_args__ = (Index("ix_ft_models_account", "account_id", "created_ns"),)
+
+    id: Mapped[str] = mapped_column(String(160), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    job_id: Mapped[str] = mapped_column(String(48), unique=True)
+    base: Mapped[str] = mapped_column(String(64))
+    servable: Mapped[bool] = mapped_column()
+    reason: Mapped[str | None] = mapped_column(String(300), nullable=True)
+    adapter_prefix: Mapped[str] = mapped_column(String(512))
+    # {"adapter_model.safetensors": {"sha256": ..., "bytes": ...}, "adapter_config.json": {...}}
+    files: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # A storage delete that failed is recorded here; the files stay unreachable through the API.
+    delete_error: Mapped[str | None] = mapped_column(String(300), nullable=True)

@@ -42,20 +42,28 @@ def preference_row(
     }
 
 
-def batch_request_line(custom_id: str, messages: list[dict] | None = None, model: str = "gpt-4o-mini") -> dict[str, Any]:
-    """One line of an OpenAI batch input file (chat completions)."""
+def batch_request_line(
+    custom_id: str, messages: list[dict] | None = None, model: str = "gpt-4o-mini", **body_fields: Any
+) -> dict[str, Any]:
+    """One line of an OpenAI batch input file (chat completions); `body_fields` join the body."""
     return {
         "custom_id": custom_id,
         "method": "POST",
         "url": "/v1/chat/completions",
-        "body": {"model": model, "messages": messages or [message("user", "Summarise the ticket.")]},
+        "body": {"model": model, "messages": messages or [message("user", "Summarise the ticket.")], **body_fields},
     }
 
 
 def batch_result_line(
-    custom_id: str, content: str = "Done.", *, finish_reason: str = "stop", status_code: int = 200
+    custom_id: str,
+    content: str | None = "Done.",
+    *,
+    finish_reason: str = "stop",
+    status_code: int = 200,
+    **message_fields: Any,
 ) -> dict[str, Any]:
-    """One line of an OpenAI batch output file with a chat completion answer."""
+    """One line of an OpenAI batch output file with a chat completion answer (`refusal=...` and
+    other `message_fields` go on the answer's message)."""
     return {
         "id": f"batch_req_{custom_id}",
         "custom_id": custom_id,
@@ -64,10 +72,64 @@ def batch_result_line(
             "request_id": f"req_{custom_id}",
             "body": {
                 "object": "chat.completion",
-                "choices": [{"index": 0, "message": message("assistant", content), "finish_reason": finish_reason}],
+                "choices": [
+                    {"index": 0, "message": message("assistant", content, **message_fields), "finish_reason": finish_reason}
+                ],
             },
         },
         "error": None,
+    }
+
+
+def batch_error_line(custom_id: str, code: str = "server_error") -> dict[str, Any]:
+    """One line of an OpenAI batch output file for a request that failed before any response."""
+    return {
+        "id": f"batch_req_{custom_id}",
+        "custom_id": custom_id,
+        "response": None,
+        "error": {"code": code, "message": "The request failed."},
+    }
+
+
+def anthropic_request_line(
+    custom_id: str,
+    messages: list[dict] | None = None,
+    *,
+    system: Any = None,
+    model: str = "claude-sonnet-4-5",
+    max_tokens: int = 1024,
+    **params: Any,
+) -> dict[str, Any]:
+    """One request of an Anthropic Message Batch; `system` may be a string or text blocks."""
+    body = {"model": model, "max_tokens": max_tokens, "messages": messages or [message("user", "Summarise the ticket.")]}
+    if system is not None:
+        body["system"] = system
+    return {"custom_id": custom_id, "params": {**body, **params}}
+
+
+def anthropic_result_line(
+    custom_id: str, text: str | list[dict] = "Done.", *, stop_reason: str = "end_turn", result_type: str = "succeeded"
+) -> dict[str, Any]:
+    """One line of an Anthropic Message Batch's results; `text` may be content blocks."""
+    if result_type != "succeeded":
+        error = {"type": "error", "error": {"type": "api_error", "message": "Internal server error"}}
+        return {"custom_id": custom_id, "result": {"type": result_type, **({"error": error} if result_type == "errored" else {})}}
+    blocks = [{"type": "text", "text": text}] if isinstance(text, str) else text
+    return {
+        "custom_id": custom_id,
+        "result": {
+            "type": "succeeded",
+            "message": {
+                "id": f"msg_{custom_id}",
+                "type": "message",
+                "role": "assistant",
+                "model": "claude-sonnet-4-5",
+                "content": blocks,
+                "stop_reason": stop_reason,
+                "stop_sequence": None,
+                "usage": {"input_tokens": 20, "output_tokens": 10},
+            },
+        },
     }
 
 
@@ -75,3 +137,71 @@ def jsonl(rows: Iterable[dict[str, Any] | bytes], *, newline: bytes = b"\n", fin
     """File bytes, one row per line; a bytes item is written as the line verbatim (for broken lines)."""
     lines = [r if isinstance(r, bytes) else orjson.dumps(r) for r in rows]
     return newline.join(lines) + (newline if final_newline and lines else b"")
+
+
+DISTILL_CASES = ("ok", "prose", "errored", "refused", "truncated", "empty", "no_request", "not_convertible", "too_large")
+_WORDS = "the parcel refund invoice ticket delivery address “quoted” naïve 東京 line\nbreak tab\t\"q\" back\\slash".split(" ")
+
+
+def distill_files(fmt: str, n: int, seed: int = 0) -> tuple[bytes, bytes, list[str]]:
+    """A batch's results and requests files ("openai" or "anthropic"), n results, every case of
+    DISTILL_CASES present, and the case of each result line in file order. "ok" answers are JSON
+    objects, "prose" and truncated ones are not. Requests come in another order than results,
+    and a few requests have no result."""
+    import random
+
+    rng = random.Random(seed)
+    weights = (60, 10, 6, 4, 6, 4, 3, 6, 0)
+    cases = [rng.choices(DISTILL_CASES, weights)[0] for _ in range(n)]
+    for i, case in enumerate(DISTILL_CASES):
+        cases[i * 7 % n] = case  # each at least once (too_large only here: its lines are 1 MiB)
+
+    def text(k: int) -> str:
+        return " ".join(rng.choice(_WORDS) for _ in range(k))
+
+    request = batch_request_line if fmt == "openai" else anthropic_request_line
+    results, requests = [], []
+    for i, case in enumerate(cases):
+        cid = f"req-{i:06d}"
+        turns = [message("user", text(rng.randint(5, 60)))]
+        if rng.random() < 0.2:
+            turns = [message("user", text(8)), message("assistant", text(8))] + turns
+        if case == "too_large":
+            turns = [message("user", "x" * 700_000)]
+        kw: dict[str, Any] = {}
+        if case == "not_convertible":
+            kw = {"tools": [{"name": "lookup"}]} if i % 2 else {}
+            if not kw:
+                image = {"type": "image_url", "image_url": {"url": "https://x"}} if fmt == "openai" else {"type": "image"}
+                turns[-1] = message("user", [{"type": "text", "text": "what is it?"}, image])
+        if fmt == "openai":
+            turns = ([message("system", text(6))] if rng.random() < 0.7 else []) + turns
+        else:
+            kw["system"] = text(6) if i % 3 else [{"type": "text", "text": text(4)}, {"type": "text", "text": text(3)}]
+        if case != "no_request":
+            requests.append(request(cid, turns, **kw))
+        answer = orjson.dumps({"label": rng.choice(_WORDS), "score": i}).decode() if case == "ok" else text(rng.randint(3, 80))
+        if case == "too_large":
+            answer = "y" * 400_000
+        if fmt == "openai":
+            if case == "errored":
+                line = batch_error_line(cid) if i % 2 else batch_result_line(cid, None, status_code=500)
+            elif case == "refused":
+                line = batch_result_line(cid, None, refusal="I can't help with that.")
+            else:
+                empty = case == "empty"
+                finish = "length" if case == "truncated" else "stop"
+                line = batch_result_line(cid, rng.choice(["", " \n"]) if empty else answer, finish_reason=finish, refusal=None)
+        else:
+            if case == "errored":
+                line = anthropic_result_line(cid, result_type=rng.choice(["errored", "canceled", "expired"]))
+            elif case == "refused":
+                line = anthropic_result_line(cid, "", stop_reason="refusal")
+            elif case == "empty":
+                line = anthropic_result_line(cid, [])
+            else:
+                line = anthropic_result_line(cid, answer, stop_reason="max_tokens" if case == "truncated" else "end_turn")
+        results.append(line)
+    requests += [request(f"extra-{i}") for i in range(3)]
+    rng.shuffle(requests)
+    return jsonl(results), jsonl(requests), cases

@@ -10,6 +10,8 @@ from serve_app.auth import current_account
 from serve_app.schemas.common import Page
 from serve_app.schemas.files import FileDeleted, FileObject
 from serve_app.services import files as service
+from serve_app.request_body import json_object
+from serve_app.services.distill import distill
 from serve_app.services.files_upload import upload_file
 from storage.models import Account
 
@@ -21,6 +23,13 @@ async def create_file(request: Request, account: Account = Depends(current_accou
     state = request.app.state.openft
     row = await upload_file(state, account, request.headers.get("content-type"), request.stream())
     return service.file_object(row)
+
+
+@router.post("/distill")
+async def distill_files(request: Request, account: Account = Depends(current_account)) -> dict:
+    """Batch requests + results -> a training file and a held-out validation file (gridline)."""
+    body = await json_object(request)
+    return await run_in_threadpool(distill, request.app.state.openft, account, body)
 
 
 @router.get("", response_model=Page[FileObject])

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import re
 
-import orjson
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from openft.errors import InvalidRequest
 from serve_app.auth import current_account
+from serve_app.request_body import json_object
 from serve_app.schemas.common import Page
 from serve_app.schemas.fine_tuning import FineTuningJob, FineTuningJobEvent
 from serve_app.services import fine_tuning_jobs as service
@@ -19,19 +18,9 @@ router = APIRouter(prefix="/fine_tuning/jobs", tags=["fine_tuning"])
 _METADATA_KEY = re.compile(r"^metadata\[(.+)\]$")
 
 
-async def _json_object(request: Request) -> dict:
-    try:
-        body = orjson.loads(await request.body())
-    except orjson.JSONDecodeError:
-        raise InvalidRequest("The request body is not valid JSON.", code="invalid_json", param=None) from None
-    if not isinstance(body, dict):
-        raise InvalidRequest("The request body must be a JSON object.", code="invalid_json", param=None)
-    return body
-
-
 @router.post("", response_model=FineTuningJob)
 async def create_fine_tuning_job(request: Request, account: Account = Depends(current_account)) -> FineTuningJob:
-    body = await _json_object(request)
+    body = await json_object(request)
     return await run_in_threadpool(service.create_job, request.app.state.openft, account, body)
 
 

@@ -56,6 +56,51 @@ def _stats_record(stats: FileStats) -> dict:
     }
 
 
+def new_validator(state: AppState, purpose: str) -> StreamingValidator:
+    return StreamingValidator(
+        purpose, max_bytes=MAX_BYTES[purpose], full_check_bytes=state.settings.validate_ray_threshold_bytes
+    )
+
+
+def finish_validation(state: AppState, key: str, purpose: str, validator: StreamingValidator | None) -> FileStats:
+    """Stats of the stored object `key`: from the validator its bytes streamed through, or (None)
+    by streaming the stored object; lines past the inline threshold are checked on Ray Data."""
+    try:
+        if validator is None:
+            validator = new_validator(state, purpose)
+            for chunk in state.store.iter_chunks(key):
+                validator.feed(chunk)
+        stats = validator.finish()
+        if not validator.complete:
+            stats = build_validation(
+                state.store.spec(), key, purpose,
+                start_offset=validator.checked_offset, start_line=validator.checked_line,
+                block_bytes=state.settings.validate_block_bytes, head_stats=stats, max_bytes=MAX_BYTES[purpose],
+            )
+    except FileValidationError as exc:
+        raise _validation_refusal(exc) from None
+    return stats
+
+
+def record_file(
+    state: AppState, account: Account, *, file_id: str, key: str, filename: str, purpose: str, size: int,
+    sha256: str, stats: FileStats, derived_from: dict | None = None,
+) -> File:
+    """The files row for a stored, validated object; deletes the object if the row cannot be written."""
+    now = state.now()
+    row = File(
+        id=file_id, created_ns=time.time_ns(), account_id=account.id, filename=filename, purpose=purpose,
+        bytes=size, created_at=now, expires_at=now + state.settings.file_retention_days * DAY, status="processed",
+        sha256=sha256, object_key=key, stats=_stats_record(stats), derived_from=derived_from,
+    )
+    try:
+        with state.db.session() as session:
+            return add_file(session, row)
+    except BaseException:
+        state.store.delete(key)
+        raise
+
+
 class _Upload:
     """The synchronous half of an upload; every method runs in a worker thread."""
 
@@ -74,11 +119,7 @@ class _Upload:
         self.validator: StreamingValidator | None = None
 
     def _new_validator(self, purpose: str) -> StreamingValidator:
-        return StreamingValidator(
-            purpose,
-            max_bytes=MAX_BYTES[purpose],
-            full_check_bytes=self.state.settings.validate_ray_threshold_bytes,
-        )
+        return new_validator(self.state, purpose)
 
     def feed(self, events: list) -> None:
         for event in events:
@@ -128,51 +169,16 @@ class _Upload:
         purpose = _check_purpose(self._purpose())
         if self.writer is None:
             raise InvalidRequest("Missing `file` part.", code="missing_required_parameter", param="file")
-        validator = self.validator
         self.stack.close()  # the object is now stored; it is deleted again if a check below fails
         try:
-            if validator is None:  # the file part came before `purpose`: validate what was stored
-                validator = self._new_validator(purpose)
-                for chunk in self.state.store.iter_chunks(self.key):
-                    validator.feed(chunk)
-            stats = validator.finish()
-            if not validator.complete:
-                stats = build_validation(
-                    self.state.store.spec(), self.key, purpose,
-                    start_offset=validator.checked_offset, start_line=validator.checked_line,
-                    block_bytes=self.state.settings.validate_block_bytes, head_stats=stats,
-                    max_bytes=MAX_BYTES[purpose],
-                )
-        except FileValidationError as exc:
-            self.state.store.delete(self.key)
-            raise _validation_refusal(exc) from None
+            stats = finish_validation(self.state, self.key, purpose, self.validator)
         except BaseException:
             self.state.store.delete(self.key)
             raise
-        return self._record(purpose, stats)
-
-    def _record(self, purpose: str, stats: FileStats) -> File:
-        now = self.state.now()
-        row = File(
-            id=self.file_id,
-            created_ns=time.time_ns(),
-            account_id=self.account.id,
-            filename=self.filename or "upload.jsonl",
-            purpose=purpose,
-            bytes=self.size,
-            created_at=now,
-            expires_at=now + self.state.settings.file_retention_days * DAY,
-            status="processed",
-            sha256=self.hasher.hexdigest(),
-            object_key=self.key,
-            stats=_stats_record(stats),
+        return record_file(
+            self.state, self.account, file_id=self.file_id, key=self.key, filename=self.filename or "upload.jsonl",
+            purpose=purpose, size=self.size, sha256=self.hasher.hexdigest(), stats=stats,
         )
-        try:
-            with self.state.db.session() as session:
-                return add_file(session, row)
-        except BaseException:
-            self.state.store.delete(self.key)
-            raise
 
     def abort(self) -> None:
         # Closing the writer's context with an exception discards the half-written object.

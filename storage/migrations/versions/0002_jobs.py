@@ -41,6 +41,7 @@ def upgrade() -> None:
         sa.Column("result_files", sa.JSON, nullable=False),
         sa.Column("control", sa.String(16), nullable=True),
         sa.Column("paused_from", sa.String(24), nullable=True),
+        sa.Column("attempts", sa.Integer, nullable=False, server_default="0"),
         sa.Column("updated_at", sa.BigInteger, nullable=False),
     )
     op.create_index("ix_jobs_account_created", "jobs", ["account_id", "created_ns", "id"])

@@ -1,0 +1,88 @@
+"""`POST /v1/files/distill`: a batch's requests and results become a training file and a held-out
+validation file (Ray Data pipeline in pipelines/distill_ray.py), recorded exactly like uploads."""
+
+from __future__ import annotations
+
+import hashlib
+
+from openft.errors import InvalidRequest
+from openft.ids import file_id as new_file_id
+from pipelines.distill import DistillOptions
+from pipelines.distill_ray import build_distill
+from serve_app.schemas.files import FileObject
+from serve_app.services.files import file_object
+from serve_app.services.files_upload import finish_validation, record_file
+from serve_app.state import AppState
+from storage import files as files_repo
+from storage.models import Account, File
+
+OPTION_KEYS = ("require_json", "keep_truncated", "eval_fraction", "seed")
+BODY_KEYS = ("results_file", "requests_file", *OPTION_KEYS)
+
+
+def _source(state: AppState, account: Account, file_id, param: str, purpose: str) -> File:
+    if not isinstance(file_id, str):
+        raise InvalidRequest(f"{param} must be a file id.", code="invalid_value", param=param)
+    with state.db.session() as session:
+        row = files_repo.get_file(session, account.id, file_id)
+    if row is None:
+        raise InvalidRequest(f"{param} does not name a file of yours.", code="file_not_found", param=param)
+    if row.purpose != purpose:
+        raise InvalidRequest(f"{param} must be a file uploaded with purpose={purpose}.", code="invalid_file_purpose",
+                             param=param)
+    return row
+
+
+def parse_options(body: dict) -> DistillOptions:
+    for key in body:
+        if key not in BODY_KEYS:
+            raise InvalidRequest(f"Unknown parameter {key}.", code="unknown_parameter", param=key)
+    return DistillOptions(**{k: body[k] for k in OPTION_KEYS if k in body and body[k] is not None})
+
+
+def distill(state: AppState, account: Account, body: dict) -> dict:
+    options = parse_options(body)
+    results = _source(state, account, body.get("results_file"), "results_file", "batch_output")
+    requests = _source(state, account, body.get("requests_file"), "requests_file", "batch")
+    out_prefix = f"files/{account.id}/distill-{new_file_id()}"
+    try:
+        out = build_distill(state.store.spec(), results.object_key, requests.object_key, out_prefix, options)
+        derived = {
+            "results_file": results.id, "requests_file": requests.id,
+            "options": {k: getattr(options, k) for k in OPTION_KEYS},
+        }
+        made: dict[str, FileObject | None] = {}
+        for name, key, rows in (("training_file", out.train_key, out.train_rows),
+                                ("validation_file", out.eval_key, out.eval_rows)):
+            if rows == 0:
+                state.store.delete(key)
+                made[name] = None
+                continue
+            made[name] = file_object(_record(state, account, key, name, derived))
+    except BaseException:
+        state.store.delete_prefix(out_prefix + "/")
+        raise
+    if made["training_file"] is None:
+        raise InvalidRequest(
+            "No result became a training row; see the counts by reason in a smaller run, or relax "
+            "require_json / keep_truncated.", code="invalid_file_format", param="results_file",
+        )
+    return {
+        "object": "gridline.distillation",
+        "training_file": made["training_file"],
+        "validation_file": made["validation_file"],
+        "counts": {"training_rows": out.train_rows, "validation_rows": out.eval_rows, "dropped": out.dropped},
+    }
+
+
+def _record(state: AppState, account: Account, key: str, name: str, derived: dict) -> File:
+    stats = finish_validation(state, key, "fine-tune", None)
+    digest, size = hashlib.sha256(), 0
+    for chunk in state.store.iter_chunks(key):
+        digest.update(chunk)
+        size += len(chunk)
+    filename = "distilled-train.jsonl" if name == "training_file" else "distilled-validation.jsonl"
+    return record_file(
+        state, account, file_id=new_file_id(), key=key, filename=filename, purpose="fine-tune", size=size,
+        sha256=digest.hexdigest(), stats=stats, derived_from={**derived, "role": name},
+    )

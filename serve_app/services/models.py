@@ -1,0 +1,87 @@
+"""Models: the base catalog plus the caller's own `ft:` models; adapter downloads; deletion."""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator
+
+from sqlalchemy import select
+
+from catalog.bases import BASES
+from openft.errors import InvalidRequest, NotFound
+from serve_app.schemas.common import Page
+from serve_app.schemas.models import Model, ModelDeleted
+from serve_app.state import AppState
+from storage.models import Account, FineTunedModel
+from storage.objects import ObjectNotFound
+from train.registration import ADAPTER_FILES
+
+log = logging.getLogger("openft.api")
+
+
+def _base_object(base_id: str) -> Model:
+    base = BASES[base_id]
+    return Model(id=base.id, created=base.created, owned_by="openft", gridline={
+        "hf_repo": base.hf_repo, "revision": base.revision, "licence": base.licence, "servable": base.servable,
+    })
+
+
+def _ft_object(row: FineTunedModel, account: Account) -> Model:
+    return Model(id=row.id, created=row.created_at, owned_by=account.org_id, gridline={
+        "base": row.base, "job": row.job_id, "servable": row.servable, "reason": row.reason,
+    })
+
+
+def get_ft_model(session, account: Account, model: str) -> FineTunedModel:
+    row = session.scalar(select(FineTunedModel).where(
+        FineTunedModel.id == model, FineTunedModel.account_id == account.id, FineTunedModel.deleted_at.is_(None)))
+    if row is None:
+        raise NotFound("No such model.", param="model")
+    return row
+
+
+def list_models(state: AppState, account: Account) -> Page[Model]:
+    with state.db.session() as session:
+        rows = session.scalars(select(FineTunedModel).where(
+            FineTunedModel.account_id == account.id, FineTunedModel.deleted_at.is_(None)
+        ).order_by(FineTunedModel.created_ns)).all()
+        data = [_base_object(b) for b in BASES] + [_ft_object(r, account) for r in rows]
+    return Page[Model](data=data, has_more=False)
+
+
+def retrieve_model(state: AppState, account: Account, model: str) -> Model:
+    if model in BASES:
+        return _base_object(model)
+    with state.db.session() as session:
+        return _ft_object(get_ft_model(session, account, model), account)
+
+
+def delete_model(state: AppState, account: Account, model: str) -> ModelDeleted:
+    if model in BASES:
+        raise InvalidRequest("Base models cannot be deleted; only your ft: models.", code="invalid_request", param="model")
+    with state.db.session() as session:
+        row = get_ft_model(session, account, model)
+        row.deleted_at = state.now()  # unreachable through the API from here on, whatever storage does
+        prefix = row.adapter_prefix
+    try:
+        for name in ADAPTER_FILES:
+            state.store.delete(f"{prefix}/{name}")
+    except Exception as exc:  # recorded, then the deletion stands: the files are already unreachable
+        log.error("adapter delete failed for a deleted model: %s", type(exc).__name__)
+        with state.db.session() as session:
+            session.get(FineTunedModel, model).delete_error = type(exc).__name__
+    return ModelDeleted(id=model, deleted=True)
+
+
+def adapter_file(state: AppState, account: Account, model: str, name: str) -> tuple[str, int, Iterator[bytes]]:
+    """(sha256, size, chunks) of one adapter file of the caller's model."""
+    if name not in ADAPTER_FILES:
+        raise NotFound("An adapter has two files: adapter_model.safetensors and adapter_config.json.", param="path")
+    with state.db.session() as session:
+        row = get_ft_model(session, account, model)
+        info, prefix = row.files[name], row.adapter_prefix
+    try:
+        chunks = state.store.iter_chunks(f"{prefix}/{name}")
+    except ObjectNotFound:
+        raise NotFound("The adapter's files are not available.", param="model") from None
+    return info["sha256"], info["bytes"], chunks

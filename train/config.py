@@ -1,0 +1,100 @@
+"""What one training run needs (`TrainJob`), how it ends (`TrainOutcome`) and how it fails
+(`TrainingError`).
+
+The job controller builds a `TrainJob` from the stored job and hands it to `train.launcher.run_training`;
+Ray Train passes it to every worker as `train_loop_config`, so it is a frozen, picklable dataclass
+holding only plain values (the store as its `spec()` tuple, the model source as its setting string).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+# The reference's job error codes that training itself can produce.
+ERROR_CODES = (
+    "invalid_row",
+    "template_mismatch",
+    "context_too_long",
+    "time_limit_exceeded",
+    "platform_interrupted",
+    "adapter_too_large",
+    "training_failed",
+)
+METHOD_TYPES = ("supervised", "dpo")
+ADAPTERS = ("lora", "qlora")
+DEVICES = ("auto", "cpu", "cuda")
+EVAL_SOURCES = ("validation_file", "holdout")
+
+
+class TrainingError(Exception):
+    """A failure the job records as `error = {code, message}`; the message never holds row content."""
+
+    def __init__(self, code: str, message: str):
+        if code not in ERROR_CODES:
+            raise ValueError(f"TrainingError code {code!r} is not one of: {', '.join(ERROR_CODES)}")
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __reduce__(self):
+        return (TrainingError, (self.code, self.message))
+
+
+@dataclass(frozen=True)
+class TrainJob:
+    """Everything a run needs. Object-store keys are prefixes ending in `/`."""
+
+    job_id: str
+    run_name: str  # unique per attempt (job id + attempt): Ray Train V2 reloads a reused name's state
+    base_id: str
+    method_type: str  # supervised | dpo
+    adapter: str  # lora | qlora
+    n_epochs: int
+    batch_size: int
+    learning_rate: float  # already resolved from the multiplier
+    lora_rank: int
+    lora_alpha: int
+    max_seq_length: int
+    beta: float | None  # DPO only
+    seed: int
+    model_source: str  # the `model_source` setting: hub | dir:/path | standin
+    cache_root: str  # where hub downloads and stand-ins are cached
+    store_spec: tuple  # ObjectStore.spec()
+    train_prefix: str  # tokenized training rows (TokenizedRef.prefix)
+    eval_prefix: str | None  # tokenized validation rows; None: hold out rows of the training file
+    eval_source: str  # validation_file | holdout
+    output_prefix: str  # adapter_model.safetensors and adapter_config.json go here
+    checkpoint_prefix: str  # epoch-end and pause checkpoints go here
+    resume: bool  # continue from the latest checkpoint under checkpoint_prefix
+    device: str = "auto"  # auto: cuda when available
+    time_limit_s: float = 7200
+
+    def __post_init__(self) -> None:
+        if self.method_type not in METHOD_TYPES:
+            raise ValueError(f"method_type must be one of {METHOD_TYPES}, not {self.method_type!r}")
+        if self.adapter not in ADAPTERS:
+            raise ValueError(f"adapter must be one of {ADAPTERS}, not {self.adapter!r}")
+        if self.device not in DEVICES:
+            raise ValueError(f"device must be one of {DEVICES}, not {self.device!r}")
+        if self.eval_source not in EVAL_SOURCES:
+            raise ValueError(f"eval_source must be one of {EVAL_SOURCES}, not {self.eval_source!r}")
+        if (self.eval_source == "validation_file") != (self.eval_prefix is not None):
+            raise ValueError("eval_prefix is given exactly when eval_source is validation_file")
+        if self.method_type == "dpo" and not (self.beta and self.beta > 0):
+            raise ValueError("a DPO job needs beta > 0")
+        for name in ("train_prefix", "output_prefix", "checkpoint_prefix"):
+            if not getattr(self, name).endswith("/"):
+                raise ValueError(f"{name} must end with '/'")
+        if min(self.n_epochs, self.batch_size, self.lora_rank, self.lora_alpha, self.max_seq_length) < 1:
+            raise ValueError("n_epochs, batch_size, lora_rank, lora_alpha and max_seq_length must be at least 1")
+
+
+@dataclass
+class TrainOutcome:
+    status: Literal["succeeded", "paused", "cancelled", "failed"]
+    result: dict | None = None  # succeeded: the gridline.result figures (see train.sft.RESULT_KEYS)
+    error: TrainingError | None = None  # failed only

@@ -1,0 +1,140 @@
+"""Run one training attempt as a Ray Train `TorchTrainer` and turn its end into a `TrainOutcome`.
+
+Where it sits: the job controller calls `run_training` after tokenizing (pipelines/tokenize.py);
+the worker reads the tokenized rows with `ray.train.get_dataset_shard`, runs the recipe
+(train/sft.py or train/dpo.py) and returns the outcome as rank 0's return value.
+
+Decisions:
+- One worker per job (the service trains each job on one GPU). Ray Data's datasets are given
+  whole to the worker (`DataConfig(datasets_to_split=[])`) and sorted by line there, so the batch
+  order is a function of the seed alone.
+- Checkpoints live in the object store under `job.checkpoint_prefix` (train/checkpoint.py), so a
+  paused job resumes in a new Ray Train run (`TrainJob.resume`). Each one is also reported to Ray
+  Train as a small pointer checkpoint, so that `FailureConfig(max_failures=1)` restarts a lost
+  worker with `ray.train.get_checkpoint()` set: the restarted worker reports "worker lost,
+  retrying from checkpoint" and resumes from the store. A worker lost before its first checkpoint
+  restarts from the beginning.
+- A `TrainingError` (a job fault: context too long, time limit, ...) is returned as a failed
+  outcome, not raised, so Ray Train does not retry something that would fail the same way.
+  Any other exception is retried once and then becomes `training_failed`.
+- Ray Train V2 reloads a run's state when a RunConfig name is reused: `job.run_name` must be
+  unique per attempt (job id + attempt).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from train.config import TrainingError, TrainJob, TrainOutcome
+from train.data import split_holdout
+from train.progress import Reporter
+
+POINTER = "openft_checkpoint.json"
+
+
+def _report_pointer(key: str) -> None:
+    import ray.train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / POINTER).write_text(json.dumps({"key": key}))
+        ray.train.report({"checkpoint_key": key}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
+
+
+def _rows(name: str) -> list[dict]:
+    import ray.train
+
+    shard = ray.train.get_dataset_shard(name)
+    return sorted(shard.iter_rows(), key=lambda r: r["line"]) if shard is not None else []
+
+
+def _plain(row: dict) -> dict:
+    # Ray Data hands list columns over as numpy arrays; the recipes take lists of ints.
+    return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in row.items()}
+
+
+def train_worker(config: dict) -> dict:
+    """The per-worker loop (rank 0 only: one worker per job). Returns the outcome as a dict."""
+    import ray.train
+
+    from train.dpo import train_dpo
+    from train.sft import train_sft
+
+    job: TrainJob = config["job"]
+    reporter: Reporter = config["reporter_factory"]()
+    if ray.train.get_checkpoint() is not None:
+        reporter.event("Worker lost, retrying from checkpoint.", level="warning")
+        job = dataclasses.replace(job, resume=True)
+    train_rows = [_plain(r) for r in _rows("train")]
+    if job.eval_source == "validation_file":
+        eval_rows = [_plain(r) for r in _rows("eval")]
+    else:
+        train_rows, eval_rows = split_holdout(train_rows, config["file_rows"], job.seed)
+    recipe = train_sft if job.method_type == "supervised" else train_dpo
+    try:
+        outcome = recipe(job, reporter, train_rows, eval_rows, on_checkpoint=_report_pointer)
+    except TrainingError as exc:
+        reporter.event(exc.message, level="error", data={"code": exc.code})
+        outcome = TrainOutcome("failed", error=exc)
+    error = {"code": outcome.error.code, "message": outcome.error.message} if outcome.error else None
+    return {"status": outcome.status, "result": outcome.result, "error": error}
+
+
+def run_training(
+    job: TrainJob,
+    reporter_factory: Callable[[], Reporter],
+    *,
+    num_workers: int = 1,
+    use_gpu: bool = False,
+    resources_per_worker: dict | None = None,
+    storage_path: str,
+) -> TrainOutcome:
+    """Train `job` on a Ray Train worker and wait for it. Ray must be initialised.
+
+    `reporter_factory` is called inside the worker, so it must pickle. `storage_path` is Ray Train's
+    own run directory (its pointer checkpoints and run state), e.g. `<data dir>/ray_train`.
+    """
+    import ray.train
+    from ray.train.torch import TorchTrainer
+
+    from pipelines.tokenize import load_ref, tokenized_dataset
+    from storage.objects import open_object_store
+
+    if num_workers != 1:
+        raise ValueError("run_training runs one worker per job; num_workers must be 1")
+    store = open_object_store(*job.store_spec)
+    datasets = {"train": tokenized_dataset(job.store_spec, job.train_prefix)}
+    if job.eval_prefix is not None:
+        datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix)
+    file_rows = load_ref(store, job.train_prefix).report["rows"]
+    trainer = TorchTrainer(
+        train_worker,
+        train_loop_config={"job": job, "reporter_factory": reporter_factory, "file_rows": file_rows},
+        scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=use_gpu, resources_per_worker=resources_per_worker),
+        run_config=ray.train.RunConfig(
+            name=job.run_name,
+            storage_path=storage_path,
+            failure_config=ray.train.FailureConfig(max_failures=1),
+            checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
+        ),
+        datasets=datasets,
+        dataset_config=ray.train.DataConfig(datasets_to_split=[]),
+    )
+    try:
+        result = trainer.fit()
+    except ray.train.TrainingFailedError as exc:
+        # The worker's exception text is not passed on: it could quote a row.
+        return TrainOutcome("failed", error=TrainingError("training_failed", f"Training failed twice ({_cause(exc)})."))
+    out = result.return_value
+    error = TrainingError(**out["error"]) if out["error"] else None
+    return TrainOutcome(out["status"], out["result"], error)
+
+
+def _cause(exc: BaseException) -> str:
+    cause = exc
+    while cause.__cause__ is not None:
+        cause = cause.__cause__
+    return type(cause).__name__

@@ -1,0 +1,183 @@
+"""The step loop both recipes share: learning-rate schedule, pause/cancel between steps, metrics,
+epoch-end and pause checkpoints, resume, the time limit, and the result figures.
+
+Where it sits: sft.py and dpo.py build the model and a `Steps` object (what one batch's loss is,
+how eval is measured), then hand both to `TrainLoop.run`. Everything the loop counts lives in
+`Progress`, which a checkpoint stores whole, so a resumed run ends with the same numbers and the
+same adapter bytes as an uninterrupted one.
+
+Schedule: linear warmup over the first 3 % of steps (at least one), then linear decay towards
+zero; AdamW without weight decay; gradients clipped to norm 1.0. The learning rate is a pure
+function of the step, so there is no scheduler state to save.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from train.config import TrainingError, TrainJob, TrainOutcome
+from train.lora import adapter_state, load_adapter_state, trainable_parameters
+from train.progress import MetricsClock, Reporter
+
+WARMUP_FRACTION = 0.03
+MAX_GRAD_NORM = 1.0
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # what backward runs on
+    loss_sum: float  # the batch's summed loss, and what it is summed over (tokens for SFT, pairs for DPO)
+    loss_count: int
+    tokens: int  # non-pad tokens the step processed (throughput)
+    row_tokens: int  # the trained rows' tokens, as billed (result `trained_tokens`)
+
+
+class Steps(Protocol):
+    def epoch_batches(self, epoch: int) -> list[list[int]]: ...
+
+    def train_step(self, batch: list[int]) -> StepResult: ...
+
+    def evaluate(self) -> float | None: ...
+
+
+@dataclass
+class Progress:
+    epoch: int = 0
+    batch: int = 0  # index of the next batch within the epoch
+    step: int = 0
+    seconds: float = 0.0  # wall time of earlier sessions (before a pause or a lost worker)
+    trained_tokens: int = 0
+    epoch_loss_sum: float = 0.0
+    epoch_loss_count: int = 0
+    train_loss: float | None = None  # mean loss of the last finished epoch
+    evaluated_before: bool = False
+    eval_loss_before: float | None = None
+    extra: dict = field(default_factory=dict)  # recipe state that must survive a resume (DPO reference log-probs)
+
+
+def learning_rate(step: int, total_steps: int, peak: float) -> float:
+    warmup = max(1, round(WARMUP_FRACTION * total_steps))
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    return peak * (total_steps - step) / max(1, total_steps - warmup)
+
+
+class TrainLoop:
+    def __init__(
+        self,
+        job: TrainJob,
+        reporter: Reporter,
+        model: torch.nn.Module,
+        store,
+        on_checkpoint: Callable[[str], None] | None = None,
+    ):
+        self.job, self.reporter, self.model, self.store = job, reporter, model, store
+        self.params = trainable_parameters(model)
+        self.optimizer = torch.optim.AdamW(self.params, lr=job.learning_rate, weight_decay=0.0)
+        self.on_checkpoint = on_checkpoint
+        self.progress = Progress()
+
+    def restore(self) -> bool:
+        """Load the latest checkpoint when the job resumes; True if one was loaded."""
+        if not self.job.resume:
+            return False
+        key = latest_checkpoint(self.store, self.job.checkpoint_prefix)
+        if key is None:
+            raise TrainingError("training_failed", "The job resumes but has no complete checkpoint to resume from.")
+        ckpt = load_checkpoint(self.store, key)
+        load_adapter_state(self.model, ckpt.adapter)
+        self.optimizer.load_state_dict(ckpt.optimizer)
+        self.progress = Progress(**ckpt.progress)
+        restore_rng(ckpt.rng)
+        self.reporter.event(
+            f"Resumed from the checkpoint at step {self.progress.step}.", data={"step": self.progress.step, "epoch": self.progress.epoch}
+        )
+        return True
+
+    def checkpoint(self) -> str:
+        p = self.progress
+        key = save_checkpoint(
+            self.store, self.job.checkpoint_prefix, p.step, adapter_state(self.model), self.optimizer.state_dict(), asdict(p)
+        )
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(key)
+        return key
+
+    def run(self, steps: Steps) -> TrainOutcome | None:
+        """Train to the end (None) or stop early with a paused or cancelled outcome."""
+        job, p = self.job, self.progress
+        if not p.evaluated_before:
+            p.eval_loss_before, p.evaluated_before = steps.evaluate(), True
+        total_steps = sum(len(steps.epoch_batches(e)) for e in range(job.n_epochs))
+        started, session_tokens = time.monotonic(), 0  # since the last epoch end or the start of this session
+        clock, window_sum, window_count = MetricsClock(), 0.0, 0
+        self.model.train()
+        while p.epoch < job.n_epochs:
+            batches = steps.epoch_batches(p.epoch)
+            while p.batch < len(batches):
+                control = self.reporter.control()
+                if control == "cancel":
+                    self.reporter.event(f"Training cancelled at step {p.step}.")
+                    return TrainOutcome("cancelled")
+                if control == "pause":
+                    p.seconds += time.monotonic() - started
+                    self.checkpoint()
+                    self.reporter.event(f"Training paused at step {p.step}; checkpoint saved.", data={"step": p.step})
+                    return TrainOutcome("paused")
+                elapsed = p.seconds + time.monotonic() - started
+                if elapsed > job.time_limit_s:
+                    raise TrainingError(
+                        "time_limit_exceeded", f"Training did not finish within {job.time_limit_s:.0f} s (step {p.step} of {total_steps})."
+                    )
+                lr = learning_rate(p.step, total_steps, job.learning_rate)
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                result = steps.train_step(batches[p.batch])
+                result.loss.backward()
+                torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
+                self.optimizer.step()
+                self.optimizer.zero_grad(set_to_none=True)
+                p.step, p.batch = p.step + 1, p.batch + 1
+                p.trained_tokens += result.row_tokens
+                p.epoch_loss_sum += result.loss_sum
+                p.epoch_loss_count += result.loss_count
+                window_sum, window_count = window_sum + result.loss_sum, window_count + result.loss_count
+                session_tokens += result.tokens
+                if clock.due(p.step, total_steps):
+                    session = time.monotonic() - started
+                    self.reporter.metrics({
+                        "step": p.step,
+                        "total_steps": total_steps,
+                        "train_loss": window_sum / max(window_count, 1),
+                        "learning_rate": lr,
+                        "tokens_per_second": session_tokens / max(session, 1e-9),
+                        "elapsed": p.seconds + session,
+                    })
+                    window_sum, window_count = 0.0, 0
+            p.train_loss = p.epoch_loss_sum / max(p.epoch_loss_count, 1)
+            p.epoch, p.batch, p.epoch_loss_sum, p.epoch_loss_count = p.epoch + 1, 0, 0.0, 0
+            now = time.monotonic()
+            p.seconds, started = p.seconds + now - started, now
+            session_tokens = 0
+            self.checkpoint()
+        return None
+
+    def result(self, eval_loss: float | None, eval_rows: int) -> dict:
+        """The gridline.result figures. `trained_tokens`: every token of every trained row (prompt and
+        answer; for DPO the prompt and both answers), once per epoch the row was trained in."""
+        p = self.progress
+        return {
+            "eval_loss_before": p.eval_loss_before,
+            "eval_loss": eval_loss,
+            "eval_rows": eval_rows if eval_loss is not None else 0,
+            "eval_source": self.job.eval_source,
+            "train_loss": p.train_loss,
+            "steps": p.step,
+            "seconds": round(p.seconds, 3),
+            "trained_tokens": p.trained_tokens,
+        }
