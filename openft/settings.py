@@ -6,6 +6,8 @@ plain pydantic model, so it pickles) as an explicit argument.
 
 from __future__ import annotations
 
+import os
+import secrets
 from pathlib import Path
 
 from pydantic import AliasChoices, Field
@@ -54,12 +56,37 @@ class Settings(BaseSettings):
         86400.0, description="A job that cannot start within this long fails with job_unavailable."
     )
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
+    merge_deadline_seconds: float = Field(900.0, description="A merge attempt running longer is stopped (merge_timeout).")
+    signing_secret: str | None = Field(
+        None,
+        description="HMAC key of the app's signed download URLs (local storage); default a random key kept in "
+        "the data dir. Set it when API replicas do not share a data dir.",
+    )
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'openft.db'}"
 
     def resolved_storage_url(self) -> str:
         return self.storage_url or f"file://{self.data_dir.resolve() / 'objects'}"
+
+    def resolved_signing_secret(self) -> bytes:
+        """`signing_secret`, else the data dir's `signing_secret` file, created (mode 0600) on first use."""
+        if self.signing_secret:
+            return self.signing_secret.encode()
+        path = self.data_dir.resolve() / "signing_secret"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".signing_secret.{secrets.token_hex(8)}")
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(secrets.token_hex(32))
+            try:
+                os.link(tmp, path)  # atomic: concurrent replicas all end up reading the first key written
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        return path.read_bytes().strip()
 
     @property
     def model_cache_dir(self) -> Path:

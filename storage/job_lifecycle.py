@@ -4,6 +4,10 @@ Each function runs inside the caller's transaction, changes one job and writes t
 says so, so a job's status and its events never disagree. An account trains one job at a time:
 a `queued`, `running` or `paused` job holds the account's slot; later jobs wait in
 `validating_files` with a `waiting_for_capacity` event until it is free.
+
+Who holds the slot is decided under the account row's lock, so two transactions never both see
+the slot free. Lock order: the account's row first (`lock_account`; job create takes it too), then
+its jobs' rows, so a transaction that ends or resumes several jobs cannot deadlock with the API.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from storage.jobs import ENDED_STATUSES, add_event
-from storage.models import Job
+from storage.models import Account, Job
 
 SLOT_STATUSES = ("queued", "running", "paused")
 WAITING_REASON = "account_capacity"
@@ -26,8 +30,16 @@ def holds_slot(session: Session, account_id: str, *, except_job: str | None = No
     return session.scalar(query.limit(1)) is not None
 
 
+def lock_account(session: Session, account_id: str) -> None:
+    """Take the account row's lock before any job row of the account is locked or changed."""
+    # Pending job changes must not be flushed (and their rows locked) before the account's lock.
+    with session.no_autoflush:
+        session.execute(select(Account.id).where(Account.id == account_id).with_for_update())
+
+
 def admit(session: Session, job: Job, now: int) -> None:
     """After create: queue the job, or let it wait for the account's slot."""
+    lock_account(session, job.account_id)
     if holds_slot(session, job.account_id, except_job=job.id):
         job.status, job.reason = "validating_files", WAITING_REASON
         add_event(
@@ -44,6 +56,7 @@ def admit(session: Session, job: Job, now: int) -> None:
 
 def promote_waiting(session: Session, account_id: str, now: int) -> Job | None:
     """When the account's slot frees, queue its oldest waiting job."""
+    lock_account(session, account_id)
     if holds_slot(session, account_id):
         return None
     job = session.scalar(
@@ -63,6 +76,7 @@ def finish(
 ) -> None:
     """End a job (succeeded, failed, cancelled) and hand the account's slot on."""
     assert status in ENDED_STATUSES
+    lock_account(session, job.account_id)
     job.status, job.finished_at, job.updated_at, job.reason = status, now, now, None
     job.estimated_finish = None
     if error is not None:

@@ -124,3 +124,44 @@ class FineTunedModel(Base):
     deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # A storage delete that failed is recorded here; the files stay unreachable through the API.
     delete_error: Mapped[str | None] = mapped_column(String(300), nullable=True)
+
+
+class Merge(Base):
+    """One accepted merge of an `ft:` model into its base, and the export it stored.
+
+    The API shows an account's newest row per model that is not deleted; older rows stay as the
+    record behind the daily limit.
+    """
+
+    __tablename__ = "merges"
+    __table_args__ = (
+        Index("ix_merges_account_model", "account_id", "model", "created_ns"),
+        Index("ix_merges_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    model: Mapped[str] = mapped_column(String(160))
+    base: Mapped[str] = mapped_column(String(64))
+    # queued | running | succeeded | failed | expired
+    status: Mapped[str] = mapped_column(String(16))
+    export_prefix: Mapped[str] = mapped_column(String(512))
+    # The adapter's digests when the merge was requested: a merge of changed files fails.
+    adapter_sha256: Mapped[dict[str, Any]] = mapped_column(JSON)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Every stored file once succeeded: [{path, bytes, sha256, modified}].
+    files: Mapped[list[Any]] = mapped_column(JSON, default=list)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    # {code, message}: the failure, or while queued again the last attempt's timeout.
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # A DELETE that arrived while the merge ran: the worker deletes what it wrote and fails it.
+    delete_requested: Mapped[bool] = mapped_column(default=False)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finished_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # When the export's objects were deleted; null on a deleted or expired export means a storage
+    # delete is still owed (the worker retries it).
+    purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)

@@ -116,15 +116,45 @@ def _deploy(name: str, settings: Settings, port: int) -> Api:
     return Api(name=name, settings=settings, base_url=base_url)
 
 
+@pytest.fixture(scope="session")
+def apis(request, session_dir: Path, serve_port: int):
+    """Deploys an API per backend on first use: apis("sqlite"), apis("postgres")."""
+    deployed: dict[str, Api] = {}
+
+    def get(name: str) -> Api:
+        if name not in deployed:
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3}
+            if name == "postgres":
+                overrides["database_url"] = request.getfixturevalue("pg_database_url")
+            settings = Settings(data_dir=session_dir / f"api-{name}", **overrides)
+            deployed[name] = _deploy(name, settings, serve_port)
+        return deployed[name]
+
+    return get
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
-def api(request, session_dir: Path, serve_port: int) -> Api:
-    name = request.param
-    data_dir = session_dir / f"api-{name}"
-    overrides = {"model_source": "standin"}
-    if name == "postgres":
-        overrides["database_url"] = request.getfixturevalue("pg_database_url")
-    settings = Settings(data_dir=data_dir, **overrides)
-    return _deploy(name, settings, serve_port)
+def api(request, apis) -> Api:
+    return apis(request.param)
+
+
+@pytest.fixture(scope="session")
+def sqlite_api(apis) -> Api:
+    """Training runs are costly on 2 cores: the end-to-end training tests use SQLite only."""
+    return apis("sqlite")
+
+
+@pytest.fixture(scope="session")
+def controller(sqlite_api: Api):
+    """The real job controller actor for the SQLite deployment."""
+    import ray
+
+    from train.controller import start_controller
+
+    handle = start_controller(sqlite_api.settings, name=f"controller-{uuid.uuid4().hex[:6]}")
+    yield handle
+    ray.get(handle.stop.remote())
+    ray.kill(handle)
 
 
 @pytest.fixture

@@ -19,10 +19,11 @@ from sqlalchemy import select
 
 from catalog.bases import get_base
 from catalog.model_source import parse_model_source
+from merge.worker import run_pending_merges
 from openft.settings import Settings
 from storage import jobs as jobs_repo
 from storage.db import Database
-from storage.job_lifecycle import finish, holds_slot, promote_waiting
+from storage.job_lifecycle import finish, promote_waiting
 from storage.models import File, Job
 from storage.objects import open_object_store
 from train.config import TrainingError, TrainJob
@@ -97,6 +98,7 @@ class JobController:
             thread = threading.Thread(target=self._run_guarded, args=(job_id,), name=f"run-{job_id}", daemon=True)
             self.runs[job_id] = thread
             thread.start()
+        run_pending_merges(self.settings, self.db, self.store, now=now, background=True)
         return started
 
     def run_forever(self) -> None:

@@ -69,8 +69,7 @@ class DPOSteps:
                 progress.extra["reference"] = {
                     name: self._reference_of(rows) for name, rows in (("train", self.train_rows), ("eval", self.eval_rows))
                 }
-            self.reference = progress.extra["reference"]
-        print("DEBUG", type(self.reference), list(self.reference))
+        self.reference = progress.extra["reference"]
 
     def _reference_of(self, rows: list[dict]) -> torch.Tensor:
         out = torch.zeros(len(rows), 2, dtype=torch.float64)

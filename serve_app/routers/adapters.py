@@ -1,19 +1,60 @@
-"""HTTP routes under `/v1/gridline/adapters/{model}`: adapter downloads (merged weights come later)."""
+"""HTTP routes under `/v1/gridline`: adapter downloads, merged weights (`/adapters/{model}/merged`),
+and the signed download URLs of the local storage backend (`/blobs/{token}`, no bearer key: the
+signature is the credential; see serve_app/services/merges.py)."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import RedirectResponse, StreamingResponse
 
 from serve_app.auth import current_account
+from serve_app.schemas.merges import MergedWeights, MergedWeightsDeleted
+from serve_app.services import merges
 from serve_app.services import models as service
 from storage.models import Account
 
-router = APIRouter(prefix="/gridline/adapters", tags=["adapters"])
+router = APIRouter(prefix="/gridline", tags=["adapters"])
 
 
-@router.get("/{model}/files/{name}")
+def _media(name: str) -> str:
+    return "application/json" if name.endswith(".json") else "application/octet-stream"
+
+
+@router.get("/adapters/{model}/files/{name}")
 def download_adapter_file(model: str, name: str, request: Request, account: Account = Depends(current_account)):
     sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name)
-    media = "application/json" if name.endswith(".json") else "application/octet-stream"
-    return StreamingResponse(chunks, media_type=media, headers={"x-gridline-sha256": sha256, "content-length": str(size)})
+    return StreamingResponse(chunks, media_type=_media(name), headers={"x-gridline-sha256": sha256, "content-length": str(size)})
+
+
+@router.post("/adapters/{model}/merged", response_model=MergedWeights)
+def create_merged_weights(model: str, request: Request, account: Account = Depends(current_account)):
+    return merges.start_merge(request.app.state.openft, account, model)
+
+
+@router.get("/adapters/{model}/merged", response_model=MergedWeights)
+def retrieve_merged_weights(model: str, request: Request, account: Account = Depends(current_account)):
+    return merges.get_merged(request.app.state.openft, account, model)
+
+
+@router.delete("/adapters/{model}/merged", response_model=MergedWeightsDeleted)
+def delete_merged_weights(model: str, request: Request, account: Account = Depends(current_account)):
+    return merges.delete_merged(request.app.state.openft, account, model)
+
+
+@router.get("/adapters/{model}/merged/files/{path:path}")
+def download_merged_file(model: str, path: str, request: Request, account: Account = Depends(current_account)):
+    url, sha256 = merges.merged_file_url(
+        request.app.state.openft, account, model, path, lambda token: str(request.url_for("download_blob", token=token))
+    )
+    return RedirectResponse(url, status_code=302, headers={"x-gridline-sha256": sha256})
+
+
+@router.get("/blobs/{token}", name="download_blob")
+def download_blob(token: str, request: Request):
+    payload, chunks = merges.open_blob(request.app.state.openft, token)
+    headers = {
+        "x-gridline-sha256": payload["s"],
+        "content-length": str(payload["b"]),
+        "content-disposition": f'attachment; filename="{payload["n"]}"',
+    }
+    return StreamingResponse(chunks, media_type=_media(payload["n"]), headers=headers)

@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 from serve_app.auth import current_account
 from serve_app.request_body import json_object
 from serve_app.schemas.common import Page
-from serve_app.schemas.fine_tuning import FineTuningJob, FineTuningJobEvent
+from serve_app.schemas.fine_tuning import FineTuningJob, FineTuningJobCheckpoint, FineTuningJobEvent
 from serve_app.services import fine_tuning_jobs as service
 from storage.models import Account
 
@@ -47,6 +47,14 @@ def list_fine_tuning_events(
     account: Account = Depends(current_account),
 ):
     return service.list_events(request.app.state.openft, account, fine_tuning_job_id, limit=limit, after=after)
+
+
+@router.get("/{fine_tuning_job_id}/checkpoints", response_model=Page[FineTuningJobCheckpoint])
+def list_fine_tuning_checkpoints(
+    fine_tuning_job_id: str, request: Request, after: str | None = None, limit: int = Query(10),
+    account: Account = Depends(current_account),
+):
+    return service.list_checkpoints(request.app.state.openft, account, fine_tuning_job_id, limit=limit, after=after)
 
 
 @router.post("/{fine_tuning_job_id}/cancel", response_model=FineTuningJob)

@@ -13,14 +13,22 @@ from openft.errors import Conflict, InvalidRequest, NotFound, RateLimited
 from openft.ids import job_id as new_job_id
 from pipelines.create_checks import check_file_for_base
 from serve_app.schemas.common import Page
-from serve_app.schemas.fine_tuning import FineTuningJob, FineTuningJobEvent, JobError, JobGridline
+from serve_app.schemas.fine_tuning import (
+    CheckpointMetrics,
+    FineTuningJob,
+    FineTuningJobCheckpoint,
+    FineTuningJobEvent,
+    JobError,
+    JobGridline,
+)
 from serve_app.services.job_params import FileFacts, JobSpec, check_job_files, file_not_found, parse_create_request
 from serve_app.services.quote import quote_job
 from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo
-from storage.job_lifecycle import admit, finish, promote_waiting
+from storage.job_lifecycle import admit, finish, lock_account, promote_waiting
 from storage.models import Account, File, Job
+from train.registration import model_name
 
 PAUSABLE = ("validating_files", "queued", "running")
 
@@ -169,6 +177,36 @@ def list_events(state: AppState, account: Account, job_id: str, *, limit: int, a
     return Page[FineTuningJobEvent](data=data, has_more=has_more)
 
 
+def list_checkpoints(
+    state: AppState, account: Account, job_id: str, *, limit: int, after: str | None
+) -> Page[FineTuningJobCheckpoint]:
+    """Checkpoints as the training loop recorded them (an event with `data.checkpoint`), newest first."""
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    with state.db.session() as session:
+        job = _get(session, account, job_id)
+        events, _ = jobs_repo.list_events(session, job_id, limit=100_000, after=None)
+        name = (job.fine_tuned_adapter or {}).get("model") or model_name(job.model, account.org_id, job.id)
+    checkpoints = []
+    for event in events:
+        info = (event.data or {}).get("checkpoint")
+        if not info:
+            continue
+        checkpoints.append(FineTuningJobCheckpoint(
+            id="ftckpt_" + event.id.removeprefix("ftevent-"), created_at=event.created_at,
+            fine_tuned_model_checkpoint=f"{name}:ckpt-step-{info['step']}", fine_tuning_job_id=job_id,
+            metrics=CheckpointMetrics(step=info["step"], train_loss=info.get("train_loss")), step_number=info["step"],
+        ))
+    if after:
+        ids = [c.id for c in checkpoints]
+        checkpoints = checkpoints[ids.index(after) + 1:] if after in ids else checkpoints
+    page = checkpoints[:limit]
+    return Page[FineTuningJobCheckpoint](
+        data=page, has_more=len(checkpoints) > limit,
+        first_id=page[0].id if page else None, last_id=page[-1].id if page else None,
+    )
+
+
 def _invalid_state(action: str, job: Job) -> Conflict:
     state = "registering its adapter" if job.control == "registering" else job.status
     return Conflict(f"This job cannot be {action}: it is {state}.", code="invalid_state", param="fine_tuning_job_id")
@@ -177,6 +215,7 @@ def _invalid_state(action: str, job: Job) -> Conflict:
 def cancel_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
     now = state.now()
     with state.db.session() as session:
+        lock_account(session, account.id)
         job = _get(session, account, job_id, for_update=True)
         if job.status in jobs_repo.ENDED_STATUSES or job.control == "registering":
             raise _invalid_state("cancelled", job)
@@ -204,6 +243,7 @@ def pause_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
 def resume_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
     now = state.now()
     with state.db.session() as session:
+        lock_account(session, account.id)
         job = _get(session, account, job_id, for_update=True)
         if job.status != "paused":
             raise _invalid_state("resumed", job)

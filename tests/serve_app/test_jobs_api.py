@@ -98,7 +98,7 @@ def refusals(api) -> Files:
     return files
 
 
-def assert_quote_complete(job, files: Files, *, n_epochs: int = 1, eval_rows: int, gpu: int) -> dict:
+def assert_quote_complete(job, files: Files, *, n_epochs: int = 1, eval_rows: int, gpu: int) -> None:
     quote = job.model_extra["gridline"]["quote"]
     assert set(quote) == QUOTE_KEYS and set(quote["per_token"]) == PER_TOKEN_KEYS
     per_epoch = files.facts[job.training_file]["token_upper_bound"]
@@ -116,7 +116,6 @@ def assert_quote_complete(job, files: Files, *, n_epochs: int = 1, eval_rows: in
     assert job.estimated_finish == job.created_at + quote["estimated_seconds"]
     assert job.status in ("queued", "validating_files") and job.object == "fine_tuning.job"
     assert re.fullmatch(r"ftjob-[0-9a-f]{32}", job.id) and job.integrations == [] and job.error is None
-    return quote
 
 
 # --- every create example of both references ---------------------------------------------------

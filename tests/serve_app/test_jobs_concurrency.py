@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from storage.db import Database
-from storage.job_lifecycle import promote_waiting
+from storage.job_lifecycle import lock_account, promote_waiting
 from storage.models import Job
 from tests.serve_app.test_jobs_api import TRAIN, job_ids, upload
 
@@ -168,25 +168,30 @@ def test_cancel_and_pause_from_the_controllers_statuses(api, db):
     invalid_state(jobs.cancel, running)
 
 
-def test_a_create_never_shares_the_slot_with_a_promotion(api, db):
-    """A job promoted in one transaction and a job created in another both look for the slot's
-    holder; the account row lock makes the later one see the earlier one."""
-    account_id, key = api.create_account(open_jobs=3)
-    client = api.client(key)
-    jobs = client.fine_tuning.jobs
-    train = upload(client, TRAIN).id
-    holder, waiting = jobs.create(model=MODEL, training_file=train), jobs.create(model=MODEL, training_file=train)
-    jobs.pause(waiting.id)
-    jobs.cancel(holder.id)  # the slot is free; the paused job is not promoted
-    with ThreadPoolExecutor(1) as pool:
+def test_only_one_job_takes_a_freed_slot(api, db):
+    """Resuming a job paused while it waited, with the slot free, promotes it. While that
+    transaction is open, another resume and a create both look for the slot's holder: they wait
+    for the account row and then see the promoted job, so neither takes the slot too."""
+    account_id, key = api.create_account(open_jobs=5)
+    jobs = api.client(key).fine_tuning.jobs
+    train = upload(api.client(key), TRAIN).id
+    holder, first, second = (jobs.create(model=MODEL, training_file=train) for _ in range(3))
+    jobs.pause(first.id)
+    jobs.pause(second.id)
+    jobs.cancel(holder.id)  # the slot is free; paused jobs are not promoted
+    with ThreadPoolExecutor(2) as pool:
         with db.session() as session:
-            # What resume does, held open while a create runs.
-            row = session.get(Job, waiting.id)
+            # resume_job's steps for `first`, held open.
+            lock_account(session, account_id)
+            row = session.get(Job, first.id, with_for_update=True)
             row.status, row.paused_from = "validating_files", None
             session.flush()
-            assert promote_waiting(session, account_id, row.updated_at).id == waiting.id
+            assert promote_waiting(session, account_id, row.updated_at) is row
+            resumed = pool.submit(jobs.resume, second.id)
             created = pool.submit(jobs.create, model=MODEL, training_file=train)
             time.sleep(1.5)
-        third = created.result()
-    assert jobs.retrieve(waiting.id).status == "queued"
-    assert (third.status, third.model_extra["gridline"]["reason"]) == ("validating_files", "account_capacity")
+            assert not resumed.done() and not created.done()
+        assert resumed.result().status == created.result().status == "validating_files"
+    assert jobs.retrieve(first.id).status == "queued"
+    statuses = [j.status for j in jobs.list()]
+    assert sorted(statuses) == ["cancelled", "queued", "validating_files", "validating_files"]

@@ -13,6 +13,7 @@ from safetensors.torch import load as load_safetensors
 from catalog.model_source import ModelSource, load_model
 from openft.demo_data import SYSTEM, ticket_splits
 from tests.train.conftest import classify, make_job, tokenize
+from train.config import TrainingError
 from train.data import split_holdout
 from train.progress import FileReporter
 from train.sft import RESULT_KEYS, train_sft
@@ -149,3 +150,11 @@ def test_qlora_trains_on_cpu(store, cache_root, ticket_rows, tmp_path):
     assert outcome.result["eval_loss"] < outcome.result["eval_loss_before"]
     weights = load_safetensors(store.get_bytes(job.output_prefix + "adapter_model.safetensors"))
     assert any(k.endswith("q_proj.lora_B.weight") for k in weights) and all(v.abs().sum() > 0 for k, v in weights.items() if "lora_B" in k)
+
+
+def test_time_limit_is_a_training_error(store, cache_root, ticket_rows, tmp_path):
+    job = make_job(store, cache_root, time_limit_s=0.0)
+    with pytest.raises(TrainingError) as info:
+        train_sft(job, FileReporter(tmp_path / "log.jsonl"), ticket_rows[:8], [])
+    assert info.value.code == "time_limit_exceeded"
+    assert list(store.list(job.output_prefix)) == []

@@ -1,0 +1,208 @@
+"""Merged weights: start a merge of an `ft:` model, read its status, download its files, delete it.
+
+A `POST` runs the merge engine's preflight (adapter config and safetensors header only): the four
+refusals of the reference's first table answer `400 invalid_request` and record nothing; any other
+problem found there is recorded at once as a `failed` merge with its code; otherwise the merge is
+recorded `queued` and the background worker (`merge/worker.py`) runs it. A `POST` while the
+model's merge is queued, running or succeeded answers that merge unchanged (the merge is a pure
+function of the adapter, so there is nothing new to make); after a failure or expiry it merges again.
+
+Limits, checked under the account's row lock: one merge queued or running per account and 10
+accepted a UTC day answer `429 limit_exceeded` with `error.limit` (they clear by waiting, like the
+open-jobs limit); holding 4 exports or 64 GB answers `429 merge_weights_quota` (it clears by
+deleting one). A merge that would pass 64 GB once its size is known fails with the same code.
+
+Downloads redirect to the stored object: an S3 presigned URL, or on the local backend a URL of this
+app (`/v1/gridline/blobs/{token}`) whose token is an HMAC-signed `{key, sha256, name, expiry}`.
+That route takes no bearer key: the signature is the credential, as with a presigned URL, so
+download tools that drop `Authorization` on redirects work the same on both backends.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import logging
+import time
+from typing import Callable, Iterator
+
+from merge.errors import MergeError
+from merge.run import preflight
+from merge.worker import DAILY_MERGES, MAX_EXPORT_BYTES, MAX_EXPORTS, merge_request
+from openft.errors import InvalidRequest, NotFound, RateLimited
+from openft.ids import new_id
+from serve_app.schemas.merges import MergedFile, MergedWeights, MergedWeightsDeleted, MergeErrorInfo
+from serve_app.services.models import get_ft_model
+from serve_app.state import AppState
+from storage import merges as repo
+from storage.models import Account, Merge
+from storage.objects import ObjectNotFound
+
+log = logging.getLogger("openft.api")
+URL_TTL_S = 300
+DAY_S = 86400
+
+
+def _status(row: Merge, now: int) -> str:
+    """`expired` from the moment an export's 7 days end, before the worker has deleted it."""
+    if row.status == "succeeded" and row.expires_at is not None and row.expires_at <= now:
+        return "expired"
+    return row.status
+
+
+def _object(row: Merge, now: int) -> MergedWeights:
+    status = _status(row, now)
+    files = [MergedFile(path=f["path"], bytes=f["bytes"], sha256=f["sha256"]) for f in row.files] if status == "succeeded" else []
+    error = MergeErrorInfo(**row.error) if status == "failed" and row.error else None
+    return MergedWeights(model=row.model, status=status, created_at=row.created_at, finished_at=row.finished_at,
+                         expires_at=row.expires_at, files=files, error=error)  # fmt: skip
+
+
+def _no_merge() -> NotFound:
+    return NotFound("This model has no merged weights; POST .../merged to start a merge.", param="model")
+
+
+def _current(session, account_id: str, model: str, now: int) -> Merge | None:
+    """The model's merge a POST answers with instead of merging again: queued, running or succeeded."""
+    latest = repo.latest_merge(session, account_id, model)
+    return latest if latest is not None and _status(latest, now) in ("queued", "running", "succeeded") else None
+
+
+def _check_limits(session, account_id: str, now: int) -> None:
+    running = repo.count_in_progress(session, account_id)
+    if running >= 1:
+        raise RateLimited("Your account runs one merge at a time and has one queued or running. Retry when it has "
+                          "ended, or DELETE it.", limit=1, current=running)  # fmt: skip
+    today = repo.count_created_since(session, account_id, now - now % DAY_S)
+    if today >= DAILY_MERGES:
+        raise RateLimited(f"Your account can start {DAILY_MERGES} merges a day and has started {today} today. "
+                          "Retry after 00:00 UTC.", limit=DAILY_MERGES, current=today)  # fmt: skip
+    exports, held = repo.held_exports(session, account_id, now)
+    if exports >= MAX_EXPORTS or held >= MAX_EXPORT_BYTES:
+        by_count = exports >= MAX_EXPORTS
+        raise RateLimited(
+            f"Your account already holds {exports} exports ({held / 1e9:.1f} GB); the limit is {MAX_EXPORTS} exports "
+            f"or {MAX_EXPORT_BYTES // 10**9} GB. Delete one and POST again.",
+            code="merge_weights_quota", limit=MAX_EXPORTS if by_count else MAX_EXPORT_BYTES,
+            current=exports if by_count else held,
+        )
+
+
+def start_merge(state: AppState, account: Account, model: str) -> MergedWeights:
+    now = state.now()
+    with state.db.session() as session:
+        ft = get_ft_model(session, account, model)
+        current = _current(session, account.id, model, now)
+        if current is not None:
+            return _object(current, now)
+        adapter_prefix = ft.adapter_prefix
+        merge_id = new_id("merge-", 24)
+        draft = Merge(
+            id=merge_id, account_id=account.id, model=model, base=ft.base, status="queued",
+            export_prefix=f"merges/{account.id}/{merge_id}", attempts=0, files=[], bytes=0, delete_requested=False,
+            adapter_sha256={name: info["sha256"] for name, info in ft.files.items()}, created_at=now,
+            created_ns=time.time_ns(),
+        )
+    try:
+        preflight(merge_request(state.settings, state.store, draft, adapter_prefix), state.store)
+    except MergeError as exc:
+        if exc.refusal:
+            raise InvalidRequest(f"This adapter cannot be merged ({exc.code}). {exc.message}",
+                                 code="invalid_request", param="model") from None  # fmt: skip
+        draft.status, draft.finished_at, draft.error = "failed", now, {"code": exc.code, "message": exc.message}
+    with state.db.session() as session:
+        repo.lock_account(session, account.id)
+        current = _current(session, account.id, model, now)  # a concurrent POST of the same model
+        if current is not None:
+            return _object(current, now)
+        _check_limits(session, account.id, now)
+        session.add(draft)
+        return _object(draft, now)
+
+
+def get_merged(state: AppState, account: Account, model: str) -> MergedWeights:
+    now = state.now()
+    with state.db.session() as session:
+        get_ft_model(session, account, model)
+        row = repo.latest_merge(session, account.id, model)
+        if row is None:
+            raise _no_merge()
+        return _object(row, now)
+
+
+def delete_merged(state: AppState, account: Account, model: str) -> MergedWeightsDeleted:
+    now = state.now()
+    with state.db.session() as session:
+        get_ft_model(session, account, model)
+        rows = repo.visible_merges(session, account.id, model)
+        if not rows:
+            raise _no_merge()
+        if rows[0].status == "running":
+            rows[0].delete_requested = True  # the worker deletes what it wrote when the merge ends
+            return MergedWeightsDeleted(model=model, deleted=False)
+        for row in rows:
+            row.deleted_at = now
+        owed = [(row.id, row.export_prefix) for row in rows if row.status == "succeeded"]
+    for merge_id, prefix in owed:
+        try:
+            state.store.delete_prefix(prefix + "/")
+        except Exception as exc:  # recorded as purged_at still null: the worker's next pass retries it
+            log.error("export delete failed for a deleted merge: %s", type(exc).__name__)
+            continue
+        with state.db.session() as session:
+            repo.get_merge(session, merge_id).purged_at = now
+    return MergedWeightsDeleted(model=model, deleted=True)
+
+
+def merged_file_url(state: AppState, account: Account, model: str, path: str,
+                    blob_url: Callable[[str], str]) -> tuple[str, str]:  # fmt: skip
+    """(redirect URL, sha256) of one file of the model's export; `blob_url(token)` is this app's
+    signed-download URL for a token, used where the store cannot presign."""
+    now = state.now()
+    with state.db.session() as session:
+        get_ft_model(session, account, model)
+        row = repo.latest_merge(session, account.id, model)
+        if row is None or _status(row, now) != "succeeded":
+            raise NotFound("This model has no export to download; GET .../merged for its status.", param="model")
+        entry = next((f for f in row.files if f["path"] == path), None)
+        if entry is None:
+            raise NotFound("The export has no such file; GET .../merged lists its files.", param="path")
+        key = f"{row.export_prefix}/{path}"
+    name = path.rsplit("/", 1)[-1]
+    url = state.store.presigned_get_url(key, URL_TTL_S, headers={"Content-Disposition": f'attachment; filename="{name}"'})
+    if url is None:
+        url = blob_url(sign_blob(state.settings.resolved_signing_secret(), key, entry["sha256"], entry["bytes"], name,
+                                 now + URL_TTL_S))  # fmt: skip
+    return url, entry["sha256"]
+
+
+def sign_blob(secret: bytes, key: str, sha256: str, size: int, name: str, expires: int) -> str:
+    payload = json.dumps({"k": key, "s": sha256, "b": size, "n": name, "e": expires}, separators=(",", ":")).encode()
+    body = base64.urlsafe_b64encode(payload).rstrip(b"=")
+    return f"{body.decode()}.{_signature(secret, body)}"
+
+
+def _signature(secret: bytes, body: bytes) -> str:
+    digest = hmac.new(secret, b"openft-blob:" + body, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def open_blob(state: AppState, token: str) -> tuple[dict, Iterator[bytes]]:
+    """The signed payload `{k, s, b, n, e}` and the object's chunks; 404 for a bad or expired link."""
+    invalid = NotFound("This download link is not valid or has expired; request the file through .../merged/files/ again.")
+    body, _, signature = token.partition(".")
+    if not hmac.compare_digest(signature.encode(), _signature(state.settings.resolved_signing_secret(), body.encode()).encode()):
+        raise invalid
+    try:
+        payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
+    except (binascii.Error, ValueError):
+        raise invalid from None
+    if payload["e"] <= state.now():
+        raise invalid
+    try:
+        return payload, state.store.iter_chunks(payload["k"])
+    except ObjectNotFound:
+        raise NotFound("The file is no longer stored: its export was deleted or expired.") from None
