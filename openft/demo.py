@@ -84,7 +84,7 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
     job = client.fine_tuning.jobs.create(
         model=BASE, training_file=upload.id,
         method={"type": "supervised", "supervised": {"adapter": "lora", "hyperparameters": {
-            "n_epochs": 3, "batch_size": 8, "learning_rate": 3e-3, "lora_rank": 16, "lora_alpha": 32}}},
+            "n_epochs": 5, "batch_size": 4, "learning_rate": 3e-3, "lora_rank": 16, "lora_alpha": 32}}},
         seed=0,
     )
     quote = job.model_extra["gridline"]["quote"]

@@ -139,19 +139,21 @@ def api(request, apis) -> Api:
 
 
 @pytest.fixture(scope="session")
-def sqlite_api(apis) -> Api:
-    """Training runs are costly on 2 cores: the end-to-end training tests use SQLite only."""
-    return apis("sqlite")
+def training_api(apis) -> Api:
+    """A SQLite deployment of its own with a running job controller: training runs are costly on
+    2 cores, so end-to-end training tests run once, and the controller's passes (jobs, merges)
+    must not race tests that drive the DB directly on the other deployments."""
+    return apis("training")
 
 
 @pytest.fixture(scope="session")
-def controller(sqlite_api: Api):
-    """The real job controller actor for the SQLite deployment."""
+def controller(training_api: Api):
+    """The real job controller actor for the training deployment."""
     import ray
 
     from train.controller import start_controller
 
-    handle = start_controller(sqlite_api.settings, name=f"controller-{uuid.uuid4().hex[:6]}")
+    handle = start_controller(training_api.settings, name=f"controller-{uuid.uuid4().hex[:6]}")
     yield handle
     ray.get(handle.stop.remote())
     ray.kill(handle)

@@ -104,6 +104,11 @@ class TrainLoop:
         key = save_checkpoint(
             self.store, self.job.checkpoint_prefix, p.step, adapter_state(self.model), self.optimizer.state_dict(), asdict(p)
         )
+        # The job's checkpoints endpoint lists these events (one per epoch end and pause).
+        self.reporter.event(
+            f"Checkpoint saved at step {p.step}.",
+            data={"checkpoint": {"step": p.step, "epoch": p.epoch, "train_loss": p.train_loss}},
+        )
         if self.on_checkpoint is not None:
             self.on_checkpoint(key)
         return key

@@ -1,0 +1,156 @@
+"""End to end through the SDK with the real job controller: queued jobs train on Ray Train
+(stand-in bases, CPU workers), register their adapters and answer the reference's statuses."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from catalog.bases import get_base
+from catalog.model_source import load_model, load_tokenizer, parse_model_source
+from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
+from tests.factories import preference_row
+
+ENDED = ("succeeded", "failed", "cancelled")
+SFT = {"type": "supervised", "supervised": {"adapter": "lora", "hyperparameters": {
+    "n_epochs": 5, "batch_size": 4, "learning_rate": 3e-3, "lora_rank": 16, "lora_alpha": 32}}}
+
+
+def wait(client, job_id: str, statuses=ENDED, timeout: float = 400):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        job = client.fine_tuning.jobs.retrieve(job_id)
+        if job.status in statuses:
+            return job
+        time.sleep(0.5)
+    raise AssertionError(f"job {job_id} still {job.status} after {timeout} s")
+
+
+def events(client, job_id: str) -> list:
+    return list(reversed(list(client.fine_tuning.jobs.list_events(job_id, limit=100))))
+
+
+@pytest.fixture(scope="module")
+def trainer_account(training_api, controller):
+    _, key = training_api.create_account(open_jobs=3)
+    return training_api.client(key), key
+
+
+@pytest.fixture(scope="module")
+def sft_job(trainer_account):
+    """One real SFT LoRA job on the ticket task, shared by the tests that read its results."""
+    client, _ = trainer_account
+    train_rows, _ = ticket_splits()
+    upload = client.files.create(file=("tickets.jsonl", io.BytesIO(tickets_jsonl(train_rows))), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=upload.id, method=SFT, seed=0)
+    return wait(client, job.id)
+
+
+def _answer(model, tokenizer, ticket: str) -> str:
+    import torch
+
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ticket}], tokenize=False,
+        add_generation_prompt=True,
+    )
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**ids, max_new_tokens=5, do_sample=False, pad_token_id=tokenizer.pad_token_id)
+    return (tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True).split() or [""])[0]
+
+
+def test_sft_job_succeeds_registers_and_learns(sft_job, trainer_account, training_api):
+    client, key = trainer_account
+    job = sft_job
+    assert job.status == "succeeded", job.error
+    gl = job.model_extra["gridline"]
+    result = gl["result"]
+    assert result["eval_loss"] < result["eval_loss_before"]
+    assert result["eval_source"] == "holdout" and result["eval_rows"] == 10
+    assert result["loss_mask"]["every_trained_turn_ends_with_eot"] is True
+    assert job.trained_tokens == result["trained_tokens"] > 0
+    org = client.fine_tuning.jobs.retrieve(job.id).organization_id.removeprefix("org-")
+    assert job.fine_tuned_model == f"ft:qwen2.5-0.5b-instruct:{org}:{job.id.removeprefix('ftjob-')[:12]}"
+    assert gl["fine_tuned_adapter"] == {"model": job.fine_tuned_model, "servable": True, "reason": None}
+    kinds = [(e.type, (e.data or {}).get("step")) for e in events(client, job.id)]
+    assert ("metrics", None) in kinds or any(t == "metrics" for t, _ in kinds)
+    csv = client.files.content(job.result_files[0]).content.decode()
+    assert csv.splitlines()[0] == "step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy"
+
+    adapter_dir = Path(tempfile.mkdtemp())
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        r = httpx.get(f"{training_api.base_url}/gridline/adapters/{job.fine_tuned_model}/files/{name}",
+                      headers={"Authorization": f"Bearer {key}"})
+        assert r.status_code == 200
+        assert r.headers["x-gridline-sha256"] == hashlib.sha256(r.content).hexdigest()
+        (adapter_dir / name).write_bytes(r.content)
+
+    from peft import PeftModel
+
+    base = get_base("qwen2.5-0.5b-instruct")
+    source, cache = parse_model_source("standin"), training_api.settings.model_cache_dir
+    tokenizer = load_tokenizer(base, source, cache)
+    plain = load_model(base, source, cache).eval()
+    tuned = PeftModel.from_pretrained(load_model(base, source, cache), adapter_dir).eval()
+    _, held_out = ticket_splits()
+    base_right = sum(_answer(plain, tokenizer, t) == label for t, label in held_out)
+    tuned_right = sum(_answer(tuned, tokenizer, t) == label for t, label in held_out)
+    assert tuned_right >= 0.9 * len(held_out), tuned_right
+    assert base_right <= 0.1 * len(held_out), base_right
+
+
+def test_models_api_lists_downloads_and_deletes(sft_job, trainer_account, training_api):
+    client, key = trainer_account
+    name = sft_job.fine_tuned_model
+    ids = [m.id for m in client.models.list()]
+    assert name in ids and "qwen2.5-7b-instruct" in ids
+    assert client.models.retrieve(name).owned_by.startswith("org-")
+    _, other_key = training_api.create_account()
+    other = training_api.client(other_key)
+    assert name not in [m.id for m in other.models.list()]
+    with pytest.raises(openai.NotFoundError):
+        other.models.retrieve(name)
+    with pytest.raises(openai.NotFoundError):
+        other.models.delete(name)
+    r = httpx.get(f"{training_api.base_url}/gridline/adapters/{name}/files/adapter_config.json",
+                  headers={"Authorization": f"Bearer {other_key}"})
+    assert r.status_code == 404
+
+
+def test_dpo_job_succeeds_with_eval_loss_from_ln2(trainer_account):
+    client, _ = trainer_account
+    rows = [preference_row(f"question {i}?", f"good answer {i}", f"bad reply {i}") for i in range(40)]
+    data = b"".join(orjson.dumps(r) + b"\n" for r in rows)
+    upload = client.files.create(file=("prefs.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model="qwen2.5-0.5b-instruct", training_file=upload.id,
+        method={"type": "dpo", "dpo": {"hyperparameters": {"beta": 0.1, "n_epochs": 2, "learning_rate": 5e-3}}},
+    )
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
+    result = job.model_extra["gridline"]["result"]
+    assert abs(result["eval_loss_before"] - 0.6931) < 1e-3
+    assert result["eval_loss"] < result["eval_loss_before"]
+
+
+def test_context_too_long_fails_before_training(trainer_account):
+    client, _ = trainer_account
+    long_rows = [{"messages": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "ok"}]}] * 12
+    data = b"".join(orjson.dumps(r) + b"\n" for r in long_rows)
+    upload = client.files.create(file=("long.jsonl", io.BytesIO(data)), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(
+        model="qwen2.5-0.5b-instruct", training_file=upload.id, hyperparameters={"max_seq_length": 128},
+    )
+    job = wait(client, job.id)
+    assert job.status == "failed" and job.error.code == "context_too_long"
+    last = events(client, job.id)[-1]
+    assert last.level == "error" and last.data["code"] == "context_too_long"
+    assert job.fine_tuned_model is None
