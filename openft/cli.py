@@ -47,6 +47,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_accounts_create(args: argparse.Namespace) -> int:
     from storage.accounts import create_account
+    from storage.billing import limits_row
     from storage.db import Database
 
     settings = _settings(args)
@@ -55,9 +56,46 @@ def cmd_accounts_create(args: argparse.Namespace) -> int:
         account, key = create_account(
             session, args.name, open_jobs_limit=args.open_jobs or settings.new_account_open_jobs
         )
+        if args.open_jobs:  # an explicit limit: a first deposit does not raise it
+            limits_row(session, account.id).open_jobs_set = True
         print(f"account {account.name} ({account.org_id})")
     print(key)
     return 0
+
+
+def _billing_command(args: argparse.Namespace, call) -> int:
+    import time
+
+    from openft.errors import ServiceError
+    from serve_app.services import billing
+    from storage.db import Database
+
+    settings = _settings(args)
+    db = Database(settings.resolved_database_url())
+    try:
+        account = call(billing, db, settings, int(time.time()))
+    except ServiceError as exc:
+        print(f"openft: {exc.message}", file=sys.stderr)
+        return 2
+    finally:
+        db.dispose()
+    print(account.model_dump_json(indent=2))
+    return 0
+
+
+def cmd_accounts_credit(args: argparse.Namespace) -> int:
+    return _billing_command(args, lambda billing, db, settings, now: billing.add_credit(
+        db, settings, args.name, args.usd, now, note=args.note))
+
+
+def cmd_accounts_show(args: argparse.Namespace) -> int:
+    return _billing_command(args, lambda billing, db, settings, now: billing.account_summary(
+        db, settings, args.name, now))
+
+
+def cmd_accounts_limits(args: argparse.Namespace) -> int:
+    return _billing_command(args, lambda billing, db, settings, now: billing.set_limits(
+        db, settings, args.name, now, open_jobs=args.open_jobs, usd_per_day=args.usd_per_day, models=args.models))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -82,6 +120,26 @@ def main(argv: list[str] | None = None) -> int:
     create.add_argument("--data-dir", default=None)
     create.add_argument("--open-jobs", type=int, default=None)
     create.set_defaults(func=cmd_accounts_create)
+
+    credit = accounts.add_parser("credit", help="add USD credit to an account (the ledger's deposit)")
+    credit.add_argument("name")
+    credit.add_argument("usd", help="whole cents, e.g. 25.00")
+    credit.add_argument("--note", default=None)
+    credit.add_argument("--data-dir", default=None)
+    credit.set_defaults(func=cmd_accounts_credit)
+
+    show = accounts.add_parser("show", help="an account's balance, holds, usage and limits")
+    show.add_argument("name")
+    show.add_argument("--data-dir", default=None)
+    show.set_defaults(func=cmd_accounts_show)
+
+    limits = accounts.add_parser("limits", help="set an account's limits")
+    limits.add_argument("name")
+    limits.add_argument("--open-jobs", type=int, default=None)
+    limits.add_argument("--usd-per-day", default=None)
+    limits.add_argument("--models", type=int, default=None)
+    limits.add_argument("--data-dir", default=None)
+    limits.set_defaults(func=cmd_accounts_limits)
 
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded defaults")
     demo.add_argument("--host", default="127.0.0.1")

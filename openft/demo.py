@@ -8,11 +8,14 @@ held-out tickets (never trained on) next to the untrained base.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import httpx
 
 from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
 from openft.settings import Settings
@@ -62,17 +65,31 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
     from openft.ray_runtime import prepare_ray_environment
 
     prepare_ray_environment(settings)
-    import openai
-
     from openft.ray_runtime import deploy_api, start_ray
-    from storage.accounts import create_account
-    from storage.db import Database
     from train.controller import start_controller
 
-    start_ray(settings, num_cpus=None)
-    base_url = deploy_api(settings, host=host, port=port)
-    start_controller(settings)
-    print(f"openft API: {base_url}")
+    context = start_ray(settings, num_cpus=None)
+    try:
+        base_url = deploy_api(settings, host=host, port=port)
+        start_controller(settings)
+        print(f"openft API: {base_url}")
+        if getattr(context, "dashboard_url", None):
+            print(f"Ray dashboard: http://{context.dashboard_url} (token in {settings.data_dir / 'ray_auth_token'})")
+        return _demo(settings, base_url)
+    finally:
+        import ray
+        from ray import serve
+
+        serve.shutdown()
+        ray.shutdown()
+
+
+def _demo(settings: Settings, base_url: str) -> int:
+    import openai
+
+    from storage.accounts import create_account
+    from storage.db import Database
+
     db = Database(settings.resolved_database_url())
     with db.session() as session:
         _, key = create_account(session, f"demo-{uuid.uuid4().hex[:6]}", open_jobs_limit=3)
@@ -107,8 +124,12 @@ def _compare(client, settings: Settings, model_name: str, held_out: list[tuple[s
 
     adapter_dir = Path(tempfile.mkdtemp(prefix="openft-adapter-"))
     for name in ("adapter_model.safetensors", "adapter_config.json"):
-        response = client.get(f"/gridline/adapters/{model_name}/files/{name}", cast_to=bytes)
-        (adapter_dir / name).write_bytes(response)
+        response = httpx.get(f"{client.base_url}gridline/adapters/{model_name}/files/{name}",
+                             headers={"Authorization": f"Bearer {client.api_key}"})
+        response.raise_for_status()
+        assert response.headers["x-gridline-sha256"] == hashlib.sha256(response.content).hexdigest()
+        (adapter_dir / name).write_bytes(response.content)
+    print(f"downloaded the adapter of {model_name} to {adapter_dir} (SHA-256 checked)")
     base = get_base(BASE)
     source = parse_model_source(settings.model_source)
     tokenizer = load_tokenizer(base, source, settings.model_cache_dir)

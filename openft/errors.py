@@ -59,5 +59,5 @@ class RateLimited(ServiceError):
     status = 429
     type = "rate_limit_error"
 
-    def __init__(self, message: str, *, limit: int, current: int, code: str = "limit_exceeded", param: str | None = None):
+    def __init__(self, message: str, *, limit: float, current: float, code: str = "limit_exceeded", param: str | None = None):
         super().__init__(message, code=code, param=param, limit={"limit": limit, "current": current})

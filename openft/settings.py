@@ -42,6 +42,23 @@ class Settings(BaseSettings):
     validate_block_bytes: int = Field(8 * 1024 * 1024, description="Byte range one Ray Data validation task reads.")
     file_retention_days: int = Field(30, description="Uploaded and derived files expire this long after creation.")
     new_account_open_jobs: int = Field(1, description="Open fine-tuning jobs allowed to a new account.")
+    established_account_open_jobs: int = Field(
+        3, description="Open jobs allowed once an account's first deposit lands, unless its limit was set explicitly."
+    )
+    models_per_account: int = Field(100, description="Fine-tuned models per account; each open job reserves one.")
+    usd_per_day_limit: float = Field(
+        100.0, description="Default USD an account may commit to jobs per UTC day (billing on); deposits do not raise it."
+    )
+    billing_enabled: bool = Field(
+        False,
+        description="Credit holds and per-token charges (see README, Billing). Off by default so the embedded "
+        "laptop setup trains without deposits; production sets OPENFT_BILLING_ENABLED=true.",
+    )
+    admin_key: str | None = Field(
+        None, description="Bearer key of the admin API (/v1/gridline/admin); unset, that API answers 404."
+    )
+    run_copy_retention_days: int = Field(7, description="Tokenized shards and checkpoints kept after a run ends.")
+    job_retention_days: int = Field(180, description="Jobs and their events kept after they end.")
     prices: PriceTable = Field(default_factory=PriceTable, description="Per-base rates (OPENFT_PRICES as JSON).")
     train_use_gpu: bool = Field(False, description="Train workers take a GPU (production: one 48 GB-class GPU each).")
     train_worker_resources: dict[str, float] = Field(

@@ -10,7 +10,7 @@ from fastapi import APIRouter, FastAPI
 
 from openft.settings import Settings
 from serve_app.errors import install_error_handlers
-from serve_app.routers import adapters, files, fine_tuning_jobs, models
+from serve_app.routers import adapters, admin, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
 from serve_app.state import AppState
 
@@ -45,5 +45,6 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(fine_tuning_jobs.router)
     v1.include_router(models.router)
     v1.include_router(adapters.router)
+    v1.include_router(admin.router)
     app.include_router(v1)
     return app

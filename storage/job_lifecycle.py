@@ -15,6 +15,7 @@ from __future__ import annotations
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from storage.billing import settle
 from storage.jobs import ENDED_STATUSES, add_event
 from storage.models import Account, Job
 
@@ -85,5 +86,6 @@ def finish(
                   data={"code": error["code"]})
     elif message:
         add_event(session, job.id, now, message)
+    settle(session, job, now)  # the charge commits with the end status, once
     session.flush()
     promote_waiting(session, job.account_id, now)

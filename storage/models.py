@@ -88,6 +88,10 @@ class Job(Base):
     paused_from: Mapped[str | None] = mapped_column(String(24), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+    # What the job was charged once it ended under billing (storage/billing.py settle); shown as gridline.charge.
+    charge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # When the reaper deleted the run's copies (tokenized shards it alone used, checkpoints).
+    copies_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class JobEvent(Base):
@@ -165,3 +169,35 @@ class Merge(Base):
     # When the export's objects were deleted; null on a deleted or expired export means a storage
     # delete is still owed (the worker retries it).
     purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+
+
+class LedgerEntry(Base):
+    """One append-only credit movement, in integer cents. `amount_cents` is the entry's effect on
+    the available credit: deposit and refund +, charge -, hold - (reserved), release + (unreserved).
+    The balance is the sum of deposits, refunds and charges; available is the sum of every entry."""
+
+    __tablename__ = "ledger"
+    __table_args__ = (Index("ix_ledger_account", "account_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    kind: Mapped[str] = mapped_column(String(16))
+    amount_cents: Mapped[int] = mapped_column(BigInteger)
+    # A plain id, not a foreign key: the ledger outlives jobs deleted after their retention.
+    job_id: Mapped[str | None] = mapped_column(String(48), nullable=True, index=True)
+    # `hold:{job}`, `release:{job}`, `charge:{job}`: a replayed step cannot write its entry twice.
+    idempotency_key: Mapped[str | None] = mapped_column(String(160), unique=True, nullable=True)
+    note: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class AccountLimits(Base):
+    """Limits an operator set for one account; a null column means the settings' default."""
+
+    __tablename__ = "account_limits"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    # Set explicitly (CLI --open-jobs, admin API): a first deposit does not raise accounts.open_jobs_limit.
+    open_jobs_set: Mapped[bool] = mapped_column(default=False)
+    usd_per_day_cents: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    models: Mapped[int | None] = mapped_column(Integer, nullable=True)

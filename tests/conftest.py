@@ -118,12 +118,13 @@ def _deploy(name: str, settings: Settings, port: int) -> Api:
 
 @pytest.fixture(scope="session")
 def apis(request, session_dir: Path, serve_port: int):
-    """Deploys an API per backend on first use: apis("sqlite"), apis("postgres")."""
+    """Deploys an API per backend on first use: apis("sqlite"), apis("postgres"); settings
+    overrides apply at a name's first use: apis("billing", billing_enabled=True)."""
     deployed: dict[str, Api] = {}
 
-    def get(name: str) -> Api:
+    def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
-            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3}
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")
             settings = Settings(data_dir=session_dir / f"api-{name}", **overrides)

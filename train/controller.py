@@ -21,6 +21,7 @@ from catalog.bases import get_base
 from catalog.model_source import parse_model_source
 from merge.worker import run_pending_merges
 from openft.settings import Settings
+from storage import billing
 from storage import jobs as jobs_repo
 from storage.db import Database
 from storage.job_lifecycle import finish, promote_waiting
@@ -87,6 +88,9 @@ class JobController:
                         jobs_repo.add_event(session, job.id, now, "Waiting for a training worker to become free.")
                     continue
                 if job.account_id in running_accounts or job.id in self.runs:
+                    continue
+                # Billing: hold the job's most before it runs, or fail it insufficient_quota (storage/billing.py).
+                if self.settings.billing_enabled and not billing.hold_for_start(session, job, now):
                     continue
                 job.status, job.reason, job.control, job.updated_at = "running", None, None, now
                 job.started_at = job.started_at or now
@@ -227,7 +231,8 @@ class JobController:
             job = session.get(Job, job_id)
             try:
                 register(session, self.store, job, adapter_prefix=adapter_prefix, now=now, metrics_rows=metrics_rows,
-                         retention_days=self.settings.file_retention_days)
+                         retention_days=self.settings.file_retention_days,
+                         default_models_limit=self.settings.models_per_account)
             except RegistrationError as exc:
                 job.control = None
                 job.result = {**result, "loss_mask": report}

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from catalog.bases import get_base
 from openft.ids import file_id as new_file_id
 from storage.jobs import OPEN_STATUSES
-from storage.models import Account, File, FineTunedModel, Job
+from storage.models import Account, AccountLimits, File, FineTunedModel, Job
 from storage.objects import ObjectStore
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -69,7 +69,7 @@ def results_csv(rows: list[dict]) -> bytes:
 
 
 def register(session, store: ObjectStore, job: Job, *, adapter_prefix: str, now: int, metrics_rows: list[dict],
-             retention_days: int) -> FineTunedModel:
+             retention_days: int, default_models_limit: int = MODEL_QUOTA) -> FineTunedModel:
     """Inside the caller's transaction: store the results file, register the model, update the job."""
     account = session.get(Account, job.account_id)
     files = check_adapter(store, adapter_prefix, job.spec["method_type"])
@@ -84,10 +84,12 @@ def register(session, store: ObjectStore, job: Job, *, adapter_prefix: str, now:
             Job.account_id == account.id, Job.status.in_(OPEN_STATUSES), Job.id != job.id
         )
     )
-    if models + others >= MODEL_QUOTA:
+    limits = session.get(AccountLimits, account.id)
+    quota = limits.models if limits is not None and limits.models is not None else default_models_limit
+    if models + others >= quota:
         raise RegistrationError(
             "adapter_quota_exceeded",
-            f"Your account already holds {models} fine-tuned models (limit {MODEL_QUOTA}, open jobs reserve one each). "
+            f"Your account already holds {models} fine-tuned models (limit {quota}, open jobs reserve one each). "
             "Delete some and run the job again.",
         )
     base = get_base(job.model)

@@ -25,8 +25,13 @@ class JobGridline(BaseModel):
     """After training: eval losses before and after, eval rows and source, train loss, steps, seconds, loss-mask report."""
     fine_tuned_adapter: dict[str, Any] | None = None
     """`{model, servable, reason}`: the adapter's `ft:` name, also on download-only bases."""
+    derived_from: dict[str, Any] | None = None
+    """When training_file was a batch results file: the files distilled from it and the counts."""
     reason: str | None = None
     """Why a job waits, when it does (`account_capacity`, `gridline_capacity`)."""
+    charge: dict[str, Any] | None = None
+    """Once a job that started under billing ends: `{usd, cents, basis, trained_tokens, trained_usd_per_mtok}`;
+    basis is `trained_tokens`, `minimum`, `max_charge` or `not_charged`."""
 
 
 class FineTuningJob(BaseModel):

@@ -86,3 +86,62 @@ def _record(state: AppState, account: Account, key: str, name: str, derived: dic
         state, account, file_id=new_file_id(), key=key, filename=filename, purpose="fine-tune", size=size,
         sha256=digest.hexdigest(), stats=stats, derived_from={**derived, "role": name},
     )
+
+
+def _custom_ids(state: AppState, key: str, limit: int) -> set[str]:
+    import orjson
+
+    from pipelines.distill import iter_lines
+
+    ids = set()
+    for line in iter_lines(state.store.iter_chunks(key)):
+        if line.strip():
+            ids.add(orjson.loads(line).get("custom_id"))
+            if len(ids) >= limit:
+                break
+    return ids
+
+
+def requests_file_for(state: AppState, account: Account, results: File) -> File | None:
+    """The caller's batch (requests) file holding most of the first results' custom_ids (newest on a tie).
+
+    There is no Batch API here linking an output file to its input, so the shortcut looks for it
+    among the account's `batch` files; results without a request are allowed (dropped as no_request),
+    so a majority of the sample must match."""
+    sample = _custom_ids(state, results.object_key, 50)
+    with state.db.session() as session:
+        candidates, _ = files_repo.list_files(session, account.id, purpose="batch", limit=50, after=None, order="desc")
+    best, best_overlap = None, len(sample) // 2
+    for candidate in candidates:
+        overlap = len(sample & _custom_ids(state, candidate.object_key, 10**9))
+        if overlap > best_overlap:
+            best, best_overlap = candidate, overlap
+    return best
+
+
+def distill_shortcut(state: AppState, account: Account, body: dict) -> tuple[dict, dict | None]:
+    """A job created with a batch results file as training_file trains on its distilled rows:
+    convert with the defaults first and create the job on the derived files."""
+    file_id = body.get("training_file")
+    if not isinstance(file_id, str):
+        return body, None
+    with state.db.session() as session:
+        row = files_repo.get_file(session, account.id, file_id)
+    if row is None or row.purpose != "batch_output":
+        return body, None
+    requests = requests_file_for(state, account, row)
+    if requests is None:
+        raise InvalidRequest(
+            "training_file is a batch results file, but none of your batch files holds its requests. Upload the "
+            "batch's input file with purpose=batch, or call POST /v1/files/distill.",
+            code="invalid_file_format", param="training_file",
+        )
+    out = distill(state, account, {"results_file": row.id, "requests_file": requests.id})
+    derived = {
+        "results_file": row.id, "requests_file": requests.id, "training_file": out["training_file"].id,
+        "validation_file": out["validation_file"].id if out["validation_file"] else None, "counts": out["counts"],
+    }
+    body = {**body, "training_file": derived["training_file"]}
+    if derived["validation_file"] and not body.get("validation_file"):
+        body["validation_file"] = derived["validation_file"]
+    return body, derived

@@ -21,6 +21,8 @@ from serve_app.schemas.fine_tuning import (
     JobError,
     JobGridline,
 )
+from serve_app.services.distill import distill_shortcut
+from serve_app.services.billing import check_create_limits
 from serve_app.services.job_params import FileFacts, JobSpec, check_job_files, file_not_found, parse_create_request
 from serve_app.services.quote import quote_job
 from serve_app.state import AppState
@@ -55,7 +57,8 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
         method=spec["method"],
         user_provided_suffix=job.user_provided_suffix,
         gridline=JobGridline(
-            quote=job.quote, result=job.result, fine_tuned_adapter=job.fine_tuned_adapter, reason=job.reason
+            quote=job.quote, result=job.result, fine_tuned_adapter=job.fine_tuned_adapter, reason=job.reason,
+            derived_from=spec.get("derived_from"), charge=job.charge,
         ),
     )
 
@@ -95,6 +98,10 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
         current = jobs_repo.count_open_jobs(session, account.id)
     if current >= account.open_jobs_limit:  # fail fast; re-checked under the lock below
         raise _limit_error(account.open_jobs_limit, current)
+    body, derived = distill_shortcut(state, account, body)
+    if derived:
+        seed = spec.seed
+        spec = parse_create_request(body, seed_factory=lambda: seed)
     training, validation = _files(state, account, spec)
     check_job_files(spec, _facts(training), _facts(validation) if validation else None)
     quote = quote_job(spec, _facts(training), _facts(validation) if validation else None, state.settings.prices)
@@ -112,6 +119,7 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
         current = jobs_repo.count_open_jobs(session, account.id)
         if current >= locked.open_jobs_limit:
             raise _limit_error(locked.open_jobs_limit, current)
+        check_create_limits(session, locked, state.settings, quote.per_token.max_charge_usd, now)
         for param, row in (("training_file", training), ("validation_file", validation)):
             if row is not None and files_repo.get_file(session, account.id, row.id) is None:
                 raise file_not_found(param)  # deleted while the checks ran
@@ -126,6 +134,13 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
         session.add(job)
         session.flush()
         jobs_repo.add_event(session, job.id, now, f"Created fine-tuning job: {job.id}")
+        if derived:
+            job.spec = {**job.spec, "derived_from": derived}
+            jobs_repo.add_event(
+                session, job.id, now, f"Distilled {derived['results_file']} with its requests "
+                f"{derived['requests_file']} into {derived['training_file']} (training) and "
+                f"{derived['validation_file']} (validation).", data={"derived_from": derived},
+            )
         if "suffix_ignored" in spec.warnings:
             jobs_repo.add_event(
                 session, job.id, now, "suffix_ignored: suffix is accepted but not used for model names yet.",

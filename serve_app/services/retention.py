@@ -1,30 +1,109 @@
-"""The reaper: deletes what has passed its retention, idempotently, logging counts only."""
+"""The reaper: deletes what has passed its retention, idempotently, logging counts only.
+
+Where it sits: the API's lifespan runs `reap_once` every `reaper_interval_seconds` (each replica;
+every step is safe to repeat or to run twice at once). The reference's "Your data" rules:
+- uploaded and derived files: 30 days after creation (`files.expires_at`), never while an open
+  job uses them;
+- copies made for a training run, 7 days after the job ends: everything under `runs/{job_id}/`
+  except a live model's adapter (which stays until the model is deleted), Ray Train's local run
+  directories, and the tokenized shards under `tokenized/{file sha256}/`. Shards are shared by
+  every job on a file with those bytes, in any account, so they go only when no such job is open
+  or ended less than 7 days ago;
+- jobs and their events: 180 days after they end (after their copies are gone);
+- merged exports: 7 days (`merge.worker.expire_exports`, the merge worker's own rule).
+"""
 
 from __future__ import annotations
 
 import logging
+import shutil
 
+from sqlalchemy import delete, or_, select
+
+from merge.worker import expire_exports
 from serve_app.state import AppState
 from storage import files as files_repo
+from storage.jobs import OPEN_STATUSES
+from storage.models import File, FineTunedModel, Job, JobEvent
 
 log = logging.getLogger("openft.reaper")
+DAY = 86400
+BATCH = 500  # rows per kind per pass; the next pass takes the rest
 
 
 def reap_once(state: AppState, now: int | None = None) -> dict[str, int]:
     """One pass; `now` is injectable so tests can move the clock. Returns counts by kind."""
     now = state.now() if now is None else now
-    counts = {"files": 0}
+    counts = {"files": _reap_files(state, now)}
+    counts.update(_reap_run_copies(state, now))
+    counts.update(_reap_jobs(state, now))
+    counts["exports"] = expire_exports(state.db, state.store, now=now)
+    if any(counts.values()):
+        log.info("reaped %s", counts)
+    return counts
+
+
+def _reap_files(state: AppState, now: int) -> int:
     with state.db.session() as session:
-        expired = files_repo.expired_files(session, now)
         keys = []
-        for row in expired:
+        for row in files_repo.expired_files(session, now, limit=BATCH):
             if state.file_in_use(session, row.id):
                 continue
             row.deleted_at = now
             keys.append(row.object_key)
     for key in keys:
         state.store.delete(key)
-    counts["files"] = len(keys)
-    if any(counts.values()):
-        log.info("reaped %s", counts)
-    return counts
+    return len(keys)
+
+
+def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
+    cutoff = now - state.settings.run_copy_retention_days * DAY
+    with state.db.session() as session:
+        jobs = session.scalars(select(Job).where(
+            Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_(None)
+        ).order_by(Job.finished_at).limit(BATCH)).all()
+        keep = dict(session.execute(select(FineTunedModel.job_id, FineTunedModel.adapter_prefix).where(
+            FineTunedModel.job_id.in_([j.id for j in jobs]), FineTunedModel.deleted_at.is_(None))).all())
+        file_ids = {f for j in jobs for f in (j.training_file, j.validation_file) if f}
+        shas = set(session.scalars(select(File.sha256).where(File.id.in_(file_ids)))) if file_ids else set()
+    objects = 0
+    for job in jobs:
+        adapter = keep.get(job.id)
+        for key in list(state.store.list(f"runs/{job.id}/")):
+            if adapter is None or not key.startswith(adapter.rstrip("/") + "/"):
+                state.store.delete(key)
+                objects += 1
+        for run_dir in (state.settings.data_dir.resolve() / "train_runs").glob(f"{job.id}-*"):
+            shutil.rmtree(run_dir)
+    tokenized = 0
+    for sha in sorted(shas):
+        with state.db.session() as session:
+            if _shards_in_use(session, sha, cutoff):
+                continue
+        if state.store.delete_prefix(f"tokenized/{sha}/"):
+            tokenized += 1
+    with state.db.session() as session:
+        for job in jobs:
+            session.get(Job, job.id).copies_deleted_at = now
+    return {"run_copies": len(jobs), "run_objects": objects, "tokenized_files": tokenized}
+
+
+def _shards_in_use(session, sha256: str, cutoff: int) -> bool:
+    """Whether a job on a file with these bytes is open or ended after `cutoff`."""
+    same_bytes = select(File.id).where(File.sha256 == sha256)
+    recent = Job.status.in_(OPEN_STATUSES) | Job.finished_at.is_(None) | (Job.finished_at > cutoff)
+    query = select(Job.id).where(recent, or_(Job.training_file.in_(same_bytes), Job.validation_file.in_(same_bytes)))
+    return session.scalar(query.limit(1)) is not None
+
+
+def _reap_jobs(state: AppState, now: int) -> dict[str, int]:
+    cutoff = now - state.settings.job_retention_days * DAY
+    with state.db.session() as session:
+        ids = session.scalars(select(Job.id).where(
+            Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_not(None)
+        ).limit(BATCH)).all()
+        if not ids:
+            return {"jobs": 0, "events": 0}
+        events = session.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount
+        session.execute(delete(Job).where(Job.id.in_(ids)))
+    return {"jobs": len(ids), "events": events}

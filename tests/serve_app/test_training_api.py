@@ -154,3 +154,25 @@ def test_context_too_long_fails_before_training(trainer_account):
     last = events(client, job.id)[-1]
     assert last.level == "error" and last.data["code"] == "context_too_long"
     assert job.fine_tuned_model is None
+
+
+def test_job_on_a_batch_results_file_trains_on_its_distilled_rows(trainer_account):
+    """The shortcut: a batch_output file as training_file is distilled with the defaults first."""
+    from tests.factories import distill_files
+
+    client, _ = trainer_account
+    results, requests, _ = distill_files("openai", 300, seed=5)
+    req = client.files.create(file=("in.jsonl", io.BytesIO(requests)), purpose="batch")
+    res = client.files.create(file=("out.jsonl", io.BytesIO(results)), purpose="batch_output")
+    job = client.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=res.id,
+                                         hyperparameters={"max_seq_length": 512})
+    derived = job.model_extra["gridline"]["derived_from"]
+    assert (derived["results_file"], derived["requests_file"]) == (res.id, req.id)
+    assert job.training_file == derived["training_file"] != res.id
+    assert job.validation_file == derived["validation_file"]
+    assert any((e.data or {}).get("derived_from") for e in events(client, job.id))
+    distilled = client.files.retrieve(job.training_file).model_extra["gridline"]
+    assert distilled["derived_from"]["results_file"] == res.id
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
+    assert job.model_extra["gridline"]["result"]["eval_source"] == "validation_file"

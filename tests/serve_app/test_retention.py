@@ -1,0 +1,137 @@
+"""The reaper (`reap_once`) on a real SQLite file and a real local object store, with the clock
+passed in: it deletes exactly what has passed its retention, nothing in use, and a second pass
+at the same time deletes nothing more."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import pytest
+
+from openft.ids import file_id as new_file_id
+from openft.ids import new_id
+from openft.settings import Settings
+from serve_app.services.retention import reap_once
+from serve_app.state import AppState
+from storage.accounts import create_account
+from storage.models import File, FineTunedModel, Job, JobEvent, Merge
+from storage.jobs import add_event
+from tests.serve_app.test_billing import MODEL, put_job
+
+NOW = 1_900_000_000
+DAY = 86400
+
+
+@pytest.fixture
+def state(tmp_path: Path) -> AppState:
+    state = AppState.from_settings(Settings(data_dir=tmp_path / "d"))
+    state.now = lambda: NOW
+    yield state
+    state.db.dispose()
+
+
+def add_file(state: AppState, account_id: str, sha: str, *, created_at: int) -> str:
+    row = File(id=new_file_id(), account_id=account_id, filename="t.jsonl", purpose="fine-tune", bytes=3,
+               created_at=created_at, created_ns=time.time_ns(), expires_at=created_at + 30 * DAY, status="processed",
+               sha256=sha, object_key=f"files/{account_id}/{sha}", stats={})
+    state.store.put_bytes(row.object_key, b"{}\n")
+    with state.db.session() as session:
+        session.add(row)
+    return row.id
+
+
+def add_run(state: AppState, job_id: str, sha: str) -> None:
+    """What a run leaves: tokenized shards of its file, checkpoints and its adapter."""
+    for key in (f"tokenized/{sha}/base@rev/supervised-512/shard-0.parquet", f"tokenized/{sha}/base@rev/supervised-512/manifest.json",
+                f"runs/{job_id}/checkpoints/step-4/state.pt", f"runs/{job_id}/adapter/adapter_model.safetensors",
+                f"runs/{job_id}/adapter/adapter_config.json"):
+        state.store.put_bytes(key, b"x")
+
+
+def ended(state: AppState, account_id: str, file_id: str, *, days_ago: float, status: str = "succeeded") -> str:
+    finished = int(NOW - days_ago * DAY)
+    job_id = put_job(state.db, account_id, status=status, created_at=finished - 3600, finished_at=finished,
+                     training_file=file_id)
+    with state.db.session() as session:
+        add_event(session, job_id, finished, "Fine-tuning job started.")
+        add_event(session, job_id, finished, "The job has successfully completed.")
+    return job_id
+
+
+def keys(state: AppState, prefix: str) -> list[str]:
+    return list(state.store.list(prefix))
+
+
+def test_reaper_deletes_exactly_what_expired_and_nothing_in_use(state: AppState, caplog):
+    with state.db.session() as session:
+        alice, _ = create_account(session, "alice", open_jobs_limit=3)
+        bob, _ = create_account(session, "bob", open_jobs_limit=3)
+    a, b = alice.id, bob.id
+
+    # Files: one 31 days old, one 31 days old that an open job reads, one 28 days old.
+    old_file = add_file(state, a, "f-old", created_at=NOW - 31 * DAY)
+    busy_file = add_file(state, a, "f-busy", created_at=NOW - 31 * DAY)
+    young_file = add_file(state, a, "f-young", created_at=NOW - 28 * DAY)
+    put_job(state.db, a, training_file=busy_file)
+
+    # Runs: shards of sha "s-alone" only an 8-day-old job used; "s-shared" is the same bytes in
+    # bob's account, where a job is still open; "s-recent" a job ended 3 days ago used too.
+    alone = ended(state, a, add_file(state, a, "s-alone", created_at=NOW - 9 * DAY), days_ago=8)
+    with_model = ended(state, a, add_file(state, a, "s-shared", created_at=NOW - 9 * DAY), days_ago=8)
+    put_job(state.db, b, training_file=add_file(state, b, "s-shared", created_at=NOW - DAY))
+    failed = ended(state, a, add_file(state, a, "s-recent", created_at=NOW - 9 * DAY), days_ago=8, status="failed")
+    recent = ended(state, b, add_file(state, b, "s-recent", created_at=NOW - 4 * DAY), days_ago=3)
+    for job_id, sha in ((alone, "s-alone"), (with_model, "s-shared"), (failed, "s-recent"), (recent, "s-recent")):
+        add_run(state, job_id, sha)
+    with state.db.session() as session:
+        session.add(FineTunedModel(id=f"ft:{MODEL}:x:1", account_id=a, job_id=with_model, base=MODEL, servable=True,
+                                   adapter_prefix=f"runs/{with_model}/adapter", files={}, created_at=0, created_ns=0))
+    run_dir = state.settings.data_dir.resolve() / "train_runs" / f"{alone}-a1-123"
+    run_dir.mkdir(parents=True)
+
+    # Jobs: ended 181 days ago and 179 days ago (their copies go first, in the same pass).
+    ancient = ended(state, a, old_file, days_ago=181)
+    kept_record = ended(state, a, old_file, days_ago=179)
+
+    # An export past its 7 days.
+    with state.db.session() as session:
+        session.add(Merge(id=new_id("merge-"), account_id=a, model=f"ft:{MODEL}:x:1", base=MODEL, status="succeeded",
+                          export_prefix=f"exports/{a}/m1/", adapter_sha256={}, files=[], created_at=NOW - 8 * DAY,
+                          created_ns=0, finished_at=NOW - 8 * DAY, expires_at=NOW - DAY))
+    state.store.put_bytes(f"exports/{a}/m1/model.safetensors", b"w")
+
+    caplog.set_level(logging.INFO, logger="openft.reaper")
+    counts = reap_once(state)
+    assert counts == {"files": 1, "run_copies": 5, "run_objects": 7, "tokenized_files": 1, "jobs": 1, "events": 2,
+                      "exports": 1}
+    assert [r.getMessage() for r in caplog.records] == [f"reaped {counts}"]
+
+    with state.db.session() as session:
+        assert session.get(File, old_file).deleted_at == NOW
+        assert session.get(File, busy_file).deleted_at is None and session.get(File, young_file).deleted_at is None
+    assert keys(state, f"files/{a}/f-old") == [] and keys(state, f"files/{a}/f-busy") != []
+    assert keys(state, "tokenized/") == [
+        f"tokenized/{sha}/base@rev/supervised-512/{name}"
+        for sha in ("s-recent", "s-shared") for name in ("manifest.json", "shard-0.parquet")]
+    assert keys(state, f"runs/{alone}/") == [] and keys(state, f"runs/{failed}/") == []
+    assert keys(state, f"runs/{with_model}/") == [f"runs/{with_model}/adapter/{n}" for n in
+                                                   ("adapter_config.json", "adapter_model.safetensors")]
+    assert len(keys(state, f"runs/{recent}/")) == 3 and not run_dir.exists()
+    assert keys(state, "exports/") == []
+
+    assert reap_once(state) == dict.fromkeys(counts, 0)  # idempotent
+
+    # A day later the other job reaches 180 days and goes with its events; once bob's open job
+    # ends and 7 days pass, the shards it shared go too.
+    assert reap_once(state, NOW + DAY) == {**dict.fromkeys(counts, 0), "jobs": 1, "events": 2}
+    with state.db.session() as session:
+        assert session.get(Job, ancient) is None and session.get(Job, kept_record) is None
+        assert session.query(JobEvent).filter(JobEvent.job_id.in_([ancient, kept_record])).count() == 0
+        assert session.get(Job, alone) is not None
+        open_job = session.query(Job).filter(Job.account_id == b, Job.finished_at.is_(None)).one()
+        open_job.status, open_job.finished_at = "cancelled", NOW + DAY
+    later = reap_once(state, NOW + 9 * DAY)
+    assert (later["tokenized_files"], later["run_copies"]) == (2, 2)
+    assert keys(state, "tokenized/") == []
