@@ -29,12 +29,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from openft.ray_runtime import deploy_api, start_ray
 
+    from train.controller import start_controller
+
     context = start_ray(settings, host=args.host)
     base_url = deploy_api(settings, host=args.host, port=args.port)
+    start_controller(settings)
     dashboard = getattr(context, "dashboard_url", None)
-    print(f"openft API: {base_url}", flush=True)
     if dashboard:
-        print(f"Ray dashboard: http://{dashboard}", flush=True)
+        token = "" if settings.ray_address else f" (token: {settings.data_dir.resolve() / 'ray_auth_token'})"
+        print(f"Ray dashboard: http://{dashboard}{token}", flush=True)
+    # Printed last: scripts wait for this line to know the API is up.
+    print(f"openft API: {base_url}", flush=True)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

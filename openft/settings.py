@@ -10,7 +10,7 @@ import os
 import secrets
 from pathlib import Path
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from openft.pricing import PriceTable
@@ -79,6 +79,12 @@ class Settings(BaseSettings):
         description="HMAC key of the app's signed download URLs (local storage); default a random key kept in "
         "the data dir. Set it when API replicas do not share a data dir.",
     )
+
+    @field_validator("data_dir")
+    @classmethod
+    def _absolute_data_dir(cls, value: Path) -> Path:
+        # Settings travel to Ray workers, whose working directory is not the caller's.
+        return value.expanduser().resolve()
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'openft.db'}"

@@ -205,3 +205,36 @@ def distill_files(fmt: str, n: int, seed: int = 0) -> tuple[bytes, bytes, list[s
     requests += [request(f"extra-{i}") for i in range(3)]
     rng.shuffle(requests)
     return jsonl(results), jsonl(requests), cases
+
+
+def create_jobs_in_parallel(client, n: int, **create) -> list:
+    """`n` concurrent `jobs.create` calls; each result is a job or the RateLimitError it raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import openai
+
+    def one(_):
+        try:
+            return client.fine_tuning.jobs.create(**create)
+        except openai.RateLimitError as exc:
+            return exc
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def reinforcement_method() -> dict:
+    """OpenAI's reinforcement create example's `method`, which the reference refuses."""
+    from openai.types.fine_tuning import ReinforcementHyperparameters, ReinforcementMethod
+    from openai.types.graders import StringCheckGrader
+
+    return {
+        "type": "reinforcement",
+        "reinforcement": ReinforcementMethod(
+            grader=StringCheckGrader(
+                name="Example string check grader", type="string_check", input="{{item.label}}",
+                operation="eq", reference="{{sample.output_text}}",
+            ),
+            hyperparameters=ReinforcementHyperparameters(reasoning_effort="medium"),
+        ),
+    }

@@ -24,7 +24,7 @@ from openft.settings import Settings
 from storage import billing
 from storage import jobs as jobs_repo
 from storage.db import Database
-from storage.job_lifecycle import finish, promote_waiting
+from storage.job_lifecycle import finish, lock_account, promote_waiting
 from storage.models import File, Job
 from storage.objects import open_object_store
 from train.config import TrainingError, TrainJob
@@ -37,6 +37,17 @@ MAX_ATTEMPTS = 2  # the first run and one retry from the last checkpoint
 
 def _error(code: str, message: str) -> dict:
     return {"code": code, "message": message, "param": None}
+
+
+def _locked_job(session, job_id: str) -> Job | None:
+    """The job's row under the locks the API's cancel takes (account, then job), so that checking its
+    status and changing it is one step: on PostgreSQL a cancel could otherwise land in between and be
+    overwritten (a cancelled job registered, or failed)."""
+    account_id = session.scalar(select(Job.account_id).where(Job.id == job_id))
+    if account_id is None:
+        return None
+    lock_account(session, account_id)
+    return session.scalar(select(Job).where(Job.id == job_id).with_for_update())
 
 
 class JobController:
@@ -158,7 +169,7 @@ class JobController:
     def _fail(self, job_id: str, code: str, message: str) -> None:
         now = int(time.time())
         with self.db.session() as session:
-            job = session.get(Job, job_id)
+            job = _locked_job(session, job_id)
             if job is not None and job.status not in jobs_repo.ENDED_STATUSES:
                 job.control = None
                 finish(session, job, "failed", now, error=_error(code, message))
@@ -211,18 +222,20 @@ class JobController:
             raise outcome.error or TrainingError("training_failed", "Training failed for another reason.")
         if outcome.status != "succeeded":  # paused or cancelled: the API already set the status
             with self.db.session() as session:
-                job = session.get(Job, job_id)
+                job = _locked_job(session, job_id)
                 if job.control in ("pause", "cancel"):
                     job.control = None
-                if outcome.status == "paused" and job.status == "paused":
-                    jobs_repo.add_event(session, job_id, int(time.time()), "Checkpoint saved; job paused.")
+                if outcome.status == "paused":
+                    job.attempts -= 1  # a pause is not a lost run: the resumed run keeps its retry
+                    if job.status == "paused":
+                        jobs_repo.add_event(session, job_id, int(time.time()), "Checkpoint saved; job paused.")
             return
         self._register(job_id, outcome.result or {}, train_ref.report, f"{run_prefix}adapter")
 
     def _register(self, job_id: str, result: dict, report: dict, adapter_prefix: str) -> None:
         now = int(time.time())
         with self.db.session() as session:
-            job = session.get(Job, job_id)
+            job = _locked_job(session, job_id)
             if job.status != "running":  # cancelled while the last step ran: register nothing
                 return
             job.control = "registering"

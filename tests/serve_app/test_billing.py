@@ -13,7 +13,6 @@ deployment's data dir with a clock the test moves.
 from __future__ import annotations
 
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -32,6 +31,7 @@ from storage.accounts import create_account
 from storage.db import Database
 from storage.models import Account, FineTunedModel, Job, JobEvent, LedgerEntry
 from storage.objects import open_object_store
+from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, upload
 
 ADMIN_KEY = "admin-test-key-0123456789"
@@ -309,14 +309,7 @@ def test_concurrent_creates_never_exceed_the_open_job_limit_then_the_model_limit
     client = bapi.client(key)
     train = upload(client, TRAIN).id
 
-    def create(_):
-        try:
-            return client.fine_tuning.jobs.create(model=MODEL, training_file=train)
-        except openai.RateLimitError as exc:
-            return exc
-
-    with ThreadPoolExecutor(8) as pool:
-        results = list(pool.map(create, range(8)))
+    results = create_jobs_in_parallel(client, 8, model=MODEL, training_file=train)
     created = [r for r in results if not isinstance(r, Exception)]
     assert len(created) == 3
     assert all(r.body["code"] == "limit_exceeded" and r.body["limit"] == {"limit": 3, "current": 3}

@@ -12,15 +12,14 @@ from openai.types.fine_tuning import (
     DpoHyperparameters,
     DpoMethod,
     FineTuningJob,
-    ReinforcementHyperparameters,
-    ReinforcementMethod,
     SupervisedHyperparameters,
     SupervisedMethod,
 )
-from openai.types.graders import StringCheckGrader
 
 from openft.errors import InvalidRequest
 from serve_app.services.job_params import JobSpec, check_job_files, eval_rows_for, parse_create_request
+
+from tests.factories import reinforcement_method
 
 from . import file_facts
 
@@ -154,16 +153,7 @@ def test_openai_reinforcement_example_is_refused_through_the_sdk():
             training_file="file-abc",
             validation_file="file-123",
             model="qwen3-8b",  # o4-mini in OpenAI's example
-            method={
-                "type": "reinforcement",
-                "reinforcement": ReinforcementMethod(
-                    grader=StringCheckGrader(
-                        name="Example string check grader", type="string_check", input="{{item.label}}",
-                        operation="eq", reference="{{sample.output_text}}",
-                    ),
-                    hyperparameters=ReinforcementHyperparameters(reasoning_effort="medium"),
-                ),
-            },
+            method=reinforcement_method(),
             seed=42,
         )
     assert caught.value.status_code == 400

@@ -16,16 +16,13 @@ import pytest
 from openai.types.fine_tuning import (
     DpoHyperparameters,
     DpoMethod,
-    ReinforcementHyperparameters,
-    ReinforcementMethod,
     SupervisedHyperparameters,
     SupervisedMethod,
 )
-from openai.types.graders import StringCheckGrader
 
 from openft.demo_data import ticket_splits, tickets_jsonl
 from tests.conftest import redeploy
-from tests.factories import chat_row, jsonl, message, preference_row
+from tests.factories import chat_row, jsonl, message, preference_row, reinforcement_method
 
 TRAIN_ROWS, VALID_ROWS = 12, 5
 TRAIN = tickets_jsonl(ticket_splits()[0][:TRAIN_ROWS])
@@ -187,16 +184,7 @@ def test_openai_examples(examples):
         training_file=ids["prefs"],
         validation_file=ids["prefs_valid"],
         model=OPENAI_REASONING_MODEL,
-        method={
-            "type": "reinforcement",
-            "reinforcement": ReinforcementMethod(
-                grader=StringCheckGrader(
-                    name="Example string check grader", type="string_check", input="{{item.label}}",
-                    operation="eq", reference="{{sample.output_text}}",
-                ),
-                hyperparameters=ReinforcementHyperparameters(reasoning_effort="medium"),
-            ),
-        },
+        method=reinforcement_method(),
         seed=42,
     )
     assert (body["code"], body["param"]) == ("unsupported_method", "method.type")

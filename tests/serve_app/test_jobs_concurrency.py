@@ -16,6 +16,7 @@ from sqlalchemy import func, select, update
 from storage.db import Database
 from storage.job_lifecycle import lock_account, promote_waiting
 from storage.models import Job
+from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, job_ids, upload
 
 MODEL = "qwen2.5-0.5b-instruct"
@@ -54,14 +55,7 @@ def test_parallel_creates_fill_the_limit_exactly(api, db):
     client = api.client(key)
     train = upload(client, TRAIN).id
 
-    def create(_):
-        try:
-            return client.fine_tuning.jobs.create(model=MODEL, training_file=train)
-        except openai.RateLimitError as exc:
-            return exc
-
-    with ThreadPoolExecutor(6) as pool:
-        results = list(pool.map(create, range(6)))
+    results = create_jobs_in_parallel(client, 6, model=MODEL, training_file=train)
     created = [r for r in results if not isinstance(r, Exception)]
     refused = [r for r in results if isinstance(r, Exception)]
     assert len(created) == 2 and len(refused) == 4

@@ -10,7 +10,6 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import openai
