@@ -16,7 +16,10 @@ import json
 import random
 import tempfile
 import time
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.train_throughput import BASE_ID, bench_args, chat_rows, job_for, peft_config
 from catalog.bases import get_base
