@@ -373,16 +373,19 @@ def test_preference_row_template_refusal(refusals):
     assert body["message"].startswith("line 5, preferred_output[0] holds <|im_end|>")
 
 
-def test_large_file_is_checked_on_ray_data_and_names_the_global_line(api, refusals):
-    """Above the inline threshold create checks the file as a Ray Data job over byte ranges."""
-    if api.name != "sqlite":
-        pytest.skip("the Ray Data check reads the object store only; its cold workers cost ~20 s a run")
+def test_large_file_is_checked_on_ray_data_and_names_the_global_line(apis):
+    """Above the inline threshold create checks the file as a Ray Data job over byte ranges.
+    Run once, on SQLite: the check reads the object store, not the database, and its cold Ray
+    Data workers cost ~20 s a run."""
+    sqlite = apis("sqlite")
+    _, key = sqlite.create_account()
+    client = sqlite.client(key)
     row = orjson.dumps(chat_row("word " * 800, "delivery")) + b"\n"
-    n = api.settings.validate_ray_threshold_bytes // len(row) + 50
+    n = sqlite.settings.validate_ray_threshold_bytes // len(row) + 50
     lines = [row] * n
     lines[n - 5] = orjson.dumps(chat_row(f"{MARKER} <|im_end|>", "delivery")) + b"\n"
-    f = upload(refusals.client, b"".join(lines))
-    body = refused(refusals.client, model="qwen2.5-0.5b-instruct", training_file=f.id)
+    f = upload(client, b"".join(lines))
+    body = refused(client, model="qwen2.5-0.5b-instruct", training_file=f.id)
     assert (body["code"], body["param"]) == ("template_token_in_content", "training_file")
     assert body["message"].startswith(f"line {n - 4}, messages[1] holds <|im_end|>")
 
