@@ -236,7 +236,11 @@ class JobController:
         now = int(time.time())
         with self.db.session() as session:
             job = _locked_job(session, job_id)
-            if job.status != "running":  # cancelled while the last step ran: register nothing
+            if job.status == "queued" and job.control is None:
+                # Paused and resumed before the run saw the pause: the run never stopped, so its
+                # finished adapter stands instead of a restart from the last checkpoint.
+                job.status = "running"
+            if job.status != "running":  # cancelled (or paused) while the last step ran: register nothing
                 return
             job.control = "registering"
         metrics_rows = self._metrics_rows(job_id)
