@@ -233,7 +233,11 @@ def main() -> None:
         t0 = time.perf_counter()
         info = generate(work, args.layers)
         print(f"generated {info['weights_bytes'] / 1e9:.2f} GB in {info['shards']} shards in {time.perf_counter() - t0:.1f}s")
+        # Each side starts with no dirty pages to flush: otherwise the side that fsyncs (ours) would
+        # also wait on the writeback of what generate (or the other side) left in the page cache.
+        os.sync()
         peft = run_side("peft", work)
+        os.sync()
         ours = run_side("ours", work)
         gb = info["weights_bytes"] / 1e9
         figures = {

@@ -36,8 +36,10 @@ def merge_shard(job: ShardJob, base_file: str, store: ObjectStore, key: str, ada
     `adapter` is the whole adapter file's bytes (uint8); the targets' factor offsets index into it.
     """
     base_hash = hashlib.sha256()
-    # An unadapted shard's output is its input: one digest serves both.
-    out_hash = hashlib.sha256() if job.targets else base_hash
+    # Input and output are the same bytes up to the first adapted weight, so one digest serves both
+    # until there and is forked (`copy()`: SHA-256's running state) where they part; an unadapted
+    # shard never forks. The bytes before it (an embedding, say) are hashed once, not twice.
+    out_hash = base_hash
     with open(base_file, "rb") as fh, _Source(fh, job) as src:
         if hashlib.sha256(src.view(0, job.data_start)).hexdigest() != job.header_sha256:
             raise MergeError("merge_source_header", f"The base shard {job.path}'s header changed while it was read.")
@@ -46,6 +48,8 @@ def merge_shard(job: ShardJob, base_file: str, store: ObjectStore, key: str, ada
             pos = 0
             for target in job.targets:
                 src.copy(pos, target.start, w, base_hash, out_hash)
+                if out_hash is base_hash:
+                    out_hash = base_hash.copy()
                 n = target.end - target.start
                 scratch[:n] = src.view(target.start, target.end)
                 src.release(target.start, target.end)
