@@ -4,6 +4,7 @@ objects. API tests take the `api` fixture and run against both."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import tempfile
@@ -47,7 +48,30 @@ def session_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
-def ray_cluster(session_dir: Path):
+def seaweed(session_dir: Path):
+    """One real S3-compatible server (SeaweedFS, 127.0.0.1, telemetry off) for the session.
+
+    Its credentials go into the environment before Ray starts (`ray_cluster` depends on this), so
+    Ray's workers find them through boto3's and pyarrow's own credential chains, as a production
+    node finds its own; library code never reads them."""
+    from tests.utils.seaweed import start_seaweed
+
+    server = start_seaweed(session_dir / "seaweed")
+    saved = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"] = server.access_key, server.secret_key
+    try:
+        yield server
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster(session_dir: Path, seaweed):
     import ray
 
     from openft.ray_runtime import start_ray

@@ -1,29 +1,16 @@
-"""Fixtures for object-store tests: one SeaweedFS per session, a fresh bucket (or directory) per test."""
+"""Fixtures for object-store tests: a fresh bucket (or directory) per test on the session's SeaweedFS."""
 
 from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import boto3
 import pytest
 
 from storage.objects import MIN_PART_SIZE, ObjectStore, open_object_store
-from tests.utils.seaweed import SeaweedServer, start_seaweed
-
-
-@pytest.fixture(scope="session")
-def seaweed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SeaweedServer]:
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"))
-    try:
-        # Library code never reads the environment; boto3's own credential chain does.
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setenv("AWS_ACCESS_KEY_ID", server.access_key)
-            mp.setenv("AWS_SECRET_ACCESS_KEY", server.secret_key)
-            yield server
-    finally:
-        server.stop()
+from tests.utils.seaweed import SeaweedServer
 
 
 @pytest.fixture(scope="session")
