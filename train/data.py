@@ -21,16 +21,16 @@ import random
 
 import torch
 
+from openft.holdout import holdout_size
 from pipelines.tokenize import IGNORE_INDEX
 
 GROUP_BATCHES = 64  # batches sorted together: wide enough to group lengths, narrow enough to stay random
-HOLDOUT_DIVISOR, HOLDOUT_MAX = 20, 1000  # as serve_app/services/job_params.eval_rows_for
 
 
 def holdout_lines(file_rows: int, seed: int) -> set[int]:
     """The training file's line numbers (1-based) held out for eval: `rows // 20` clamped to 1..1000,
     chosen by the job's seed, so that the quote's eval_rows and the trainer's agree."""
-    k = min(max(file_rows // HOLDOUT_DIVISOR, 1), HOLDOUT_MAX, file_rows)
+    k = min(holdout_size(file_rows), file_rows)
     return set(random.Random(f"holdout:{seed}").sample(range(1, file_rows + 1), k))
 
 

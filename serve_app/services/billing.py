@@ -20,6 +20,7 @@ from openft.settings import Settings
 from serve_app.schemas.billing import AccountLimits, AccountUsage, BillingAccount
 from serve_app.schemas.billing import LedgerEntry as LedgerEntryOut
 from serve_app.schemas.common import Page
+from serve_app.services.paging import check_limit
 from storage import billing
 from storage import jobs as jobs_repo
 from storage.db import Database
@@ -137,8 +138,7 @@ def set_limits(db: Database, settings: Settings, ref: str, now: int, *, open_job
 
 def list_ledger(db: Database, ref: str, *, limit: int, after: int | None) -> Page[LedgerEntryOut]:
     """Newest first; `after` is the id of the last entry of the previous page."""
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    check_limit(limit, 100)
     with db.session() as session:
         account = find_account(session, ref)
         query = select(LedgerEntry).where(LedgerEntry.account_id == account.id)

@@ -7,6 +7,7 @@ from typing import Callable, Iterator
 from openft.errors import Conflict, InvalidRequest, NotFound
 from serve_app.schemas.common import Page
 from serve_app.schemas.files import FileDeleted, FileGridline, FileObject
+from serve_app.services.paging import check_limit
 from serve_app.state import AppState
 from storage import files as files_repo
 from storage.models import Account, File
@@ -45,8 +46,7 @@ def retrieve_file(state: AppState, account: Account, file_id: str) -> FileObject
 def list_files(
     state: AppState, account: Account, *, purpose: str | None, limit: int, after: str | None, order: str
 ) -> Page[FileObject]:
-    if not 1 <= limit <= 10_000:
-        raise InvalidRequest("limit must be between 1 and 10000.", code="invalid_value", param="limit")
+    check_limit(limit, 10_000)
     if order not in ("asc", "desc"):
         raise InvalidRequest("order must be asc or desc.", code="invalid_value", param="order")
     with state.db.session() as session:

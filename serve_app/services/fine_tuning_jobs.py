@@ -9,7 +9,7 @@ import time
 from sqlalchemy import select
 
 from catalog.bases import get_base
-from openft.errors import Conflict, InvalidRequest, NotFound, RateLimited
+from openft.errors import Conflict, NotFound, RateLimited
 from openft.ids import job_id as new_job_id
 from pipelines.create_checks import check_file_for_base
 from serve_app.schemas.common import Page
@@ -25,6 +25,7 @@ from serve_app.services.distill import distill_shortcut
 from serve_app.services.billing import check_create_limits
 from serve_app.services.job_params import FileFacts, JobSpec, check_job_files, file_not_found, parse_create_request
 from serve_app.services.quote import quote_job
+from serve_app.services.paging import check_limit
 from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo
@@ -171,8 +172,7 @@ def retrieve_job(state: AppState, account: Account, job_id: str) -> FineTuningJo
 
 
 def list_jobs(state: AppState, account: Account, *, limit: int, after: str | None, metadata: dict[str, str]) -> Page[FineTuningJob]:
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    check_limit(limit, 100)
     with state.db.session() as session:
         rows, has_more = jobs_repo.list_jobs(session, account.id, limit=limit, after=after, metadata=metadata)
         data = [job_object(j, account) for j in rows]
@@ -180,8 +180,7 @@ def list_jobs(state: AppState, account: Account, *, limit: int, after: str | Non
 
 
 def list_events(state: AppState, account: Account, job_id: str, *, limit: int, after: str | None) -> Page[FineTuningJobEvent]:
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    check_limit(limit, 100)
     with state.db.session() as session:
         _get(session, account, job_id)
         rows, has_more = jobs_repo.list_events(session, job_id, limit=limit, after=after)
@@ -196,8 +195,7 @@ def list_checkpoints(
     state: AppState, account: Account, job_id: str, *, limit: int, after: str | None
 ) -> Page[FineTuningJobCheckpoint]:
     """Checkpoints as the training loop recorded them (an event with `data.checkpoint`), newest first."""
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("limit must be between 1 and 100.", code="invalid_value", param="limit")
+    check_limit(limit, 100)
     with state.db.session() as session:
         job = _get(session, account, job_id)
         events, _ = jobs_repo.list_events(session, job_id, limit=100_000, after=None)

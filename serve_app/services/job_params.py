@@ -21,7 +21,7 @@ Decisions (not fixed by the reference):
   object carries no settings, so it never conflicts with the other place.
 - `beta` may sit in either hyperparameters place of a DPO job. Integers must be JSON integers
   (`2.0` is refused). `seed` is 0 to 2**31-1 so that any SQL integer column holds it.
-- The holdout is `rows // 20` clamped to 1..1000; the trainer must split with `eval_rows_for`.
+- The holdout is `openft.holdout.holdout_size` (rows // 20 clamped to 1..1000), the same rule the trainer splits with.
 - Messages name fields and numbers, never metadata, file ids or row content.
 """
 
@@ -33,6 +33,7 @@ from typing import Any, Callable, Literal
 
 from catalog.bases import BASES, BaseModelSpec, get_base
 from openft.errors import InvalidRequest
+from openft.holdout import holdout_size
 
 CREATE_FIELDS = frozenset(
     {"model", "training_file", "validation_file", "hyperparameters", "method", "seed", "metadata", "suffix", "integrations"}
@@ -56,7 +57,6 @@ SUFFIX_CHARS = 64
 ROW_KIND = {"supervised": "chat", "dpo": "preference"}
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MIN_TRAINING_ROWS = 10
-HOLDOUT_DIVISOR, HOLDOUT_MAX = 20, 1000
 
 
 @dataclass(frozen=True)
@@ -366,7 +366,7 @@ def eval_rows_for(spec: JobSpec, training: FileFacts, validation: FileFacts | No
     """Rows evaluated before and after training: the validation file, else a 5 % holdout."""
     if validation is not None:
         return validation.rows
-    return min(max(training.rows // HOLDOUT_DIVISOR, 1), HOLDOUT_MAX)
+    return holdout_size(training.rows)
 
 
 def check_job_files(spec: JobSpec, training: FileFacts, validation: FileFacts | None) -> None:
