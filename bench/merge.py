@@ -7,12 +7,21 @@ seven linear modules of every layer, then merges it both ways, each side in its 
         as in a running service), reading and writing a file:// store, digests and read-back included;
   peft  `from_pretrained` (bf16) + `PeftModel.from_pretrained` + `merge_and_unload` +
         `save_pretrained` with the same shard size; imports untimed.
-Peak memory is the largest sum of RSS over the side's whole process tree (Ray's own daemons and
-workers included), sampled every 20 ms while the timed part runs; the idle tree before it is
-reported too, and `memory_ratio_above_idle` compares the two sides' peaks above their idle trees.
+The sides run alternately, `--rounds` times each (peft, ours, peft, ours, ...), and the medians
+are compared: on this VM a fresh page of memory or page cache costs ~1 s/GB when the balloon has
+returned it to the host, so one run of either side can be 2x off its median.
+
+The last run's two exports are compared tensor by tensor (`tensors_differing_from_peft`: 0 means
+every bit equal).
+
+Peak memory is the largest sum of RSS over the side's whole process tree, sampled every 20 ms
+while the timed part runs, and the tree's RSS just before. `memory_ratio` compares what the merge
+itself takes: each side's peak above its idle tree (Ray's daemons and two warm workers for ours,
+which a running service holds whether or not it merges; the imported libraries for peft).
+`memory_ratio_whole_tree` compares the peaks with the idle trees included.
 The last line printed is one JSON object.
 
-    python bench/merge.py [--layers 10] [--keep DIR]
+    python bench/merge.py [--layers 10] [--rounds 3] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import hashlib
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -217,9 +227,30 @@ def run_side(side: str, work: Path) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def _differing_tensors(ours: Path, peft: Path) -> int:
+    """How many tensors of the two exports differ in any bit (or exist in only one)."""
+    from safetensors import safe_open
+
+    def tensors(directory: Path) -> dict:
+        out = {}
+        for shard in sorted(directory.glob("model*.safetensors")):
+            with safe_open(shard, "pt") as f:
+                out.update({k: f.get_tensor(k) for k in f.keys()})
+        return out
+
+    a, b = tensors(ours), tensors(peft)
+    return len(a.keys() ^ b.keys()) + sum(1 for k in a.keys() & b.keys() if not a[k].equal(b[k]))
+
+
+def _median(runs: list[dict]) -> dict:
+    """Each figure's median over the runs (the wall time and the memory figures independently)."""
+    return {k: statistics.median(r[k] for r in runs) for k in ("wall_s", "peak_tree_rss", "idle_tree_rss")}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--side", choices=("ours", "peft"))
     ap.add_argument("--work")
     ap.add_argument("--keep", help="generate into this directory and keep it")
@@ -233,18 +264,25 @@ def main() -> None:
         t0 = time.perf_counter()
         info = generate(work, args.layers)
         print(f"generated {info['weights_bytes'] / 1e9:.2f} GB in {info['shards']} shards in {time.perf_counter() - t0:.1f}s")
-        # Each side starts with no dirty pages to flush: otherwise the side that fsyncs (ours) would
-        # also wait on the writeback of what generate (or the other side) left in the page cache.
-        os.sync()
-        peft = run_side("peft", work)
-        os.sync()
-        ours = run_side("ours", work)
-        gb = info["weights_bytes"] / 1e9
+        runs: dict[str, list[dict]] = {"peft": [], "ours": []}
+        for _ in range(args.rounds):
+            for side in ("peft", "ours"):
+                # Each side starts with no dirty pages to flush: otherwise the side that fsyncs (ours)
+                # would also wait on the writeback of what the previous run left in the page cache.
+                shutil.rmtree(work / "peft-out" if side == "peft" else work / "objects" / "exports", ignore_errors=True)
+                os.sync()
+                runs[side].append(run_side(side, work))
+        peft, ours = (_median(runs[side]) for side in ("peft", "ours"))
+        differing = _differing_tensors(work / "objects" / "exports" / "m1", work / "peft-out")
+        gb = info["weights_gb"] = info["weights_bytes"] / 1e9
         figures = {
             "weights_gb": round(gb, 3),
             "shards": info["shards"],
+            "rounds": args.rounds,
             "ours_wall_s": round(ours["wall_s"], 2),
             "peft_wall_s": round(peft["wall_s"], 2),
+            "ours_wall_s_runs": [round(r["wall_s"], 2) for r in runs["ours"]],
+            "peft_wall_s_runs": [round(r["wall_s"], 2) for r in runs["peft"]],
             "ours_gb_per_s": round(gb / ours["wall_s"], 3),
             "peft_gb_per_s": round(gb / peft["wall_s"], 3),
             "ours_peak_rss_mb": round(ours["peak_tree_rss"] / 2**20),
@@ -252,12 +290,11 @@ def main() -> None:
             "peft_peak_rss_mb": round(peft["peak_tree_rss"] / 2**20),
             "peft_idle_rss_mb": round(peft["idle_tree_rss"] / 2**20),
             "speed_ratio": round(peft["wall_s"] / ours["wall_s"], 2),
-            "memory_ratio": round(ours["peak_tree_rss"] / peft["peak_tree_rss"], 3),
-            # The merge's own memory: each side's peak above its idle tree (Ray's daemons and warm
-            # workers for ours, the imported libraries for peft).
-            "memory_ratio_above_idle": round(
+            "memory_ratio": round(
                 (ours["peak_tree_rss"] - ours["idle_tree_rss"]) / (peft["peak_tree_rss"] - peft["idle_tree_rss"]), 3
             ),
+            "memory_ratio_whole_tree": round(ours["peak_tree_rss"] / peft["peak_tree_rss"], 3),
+            "tensors_differing_from_peft": differing,
         }
         print(json.dumps(figures))
     finally:

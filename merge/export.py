@@ -20,7 +20,7 @@ from catalog.bases import BaseModelSpec
 from merge.adapter import LoraAdapter
 from merge.errors import MergeError
 from merge.plan import MergePlan
-from storage.objects import ObjectNotFound, ObjectStore
+from storage.objects import ObjectNotFound, ObjectStore, aligned_buffer
 
 LICENCE_DIR = Path(catalog.__file__).parent / "licences"
 REVIEWED = LICENCE_DIR / "reviewed.json"
@@ -124,11 +124,12 @@ def put_checked(store: ObjectStore, key: str, path: str, data: bytes) -> dict:
     return {"path": path, "bytes": len(data), "sha256": digest, "modified": False}
 
 
-def readback(store: ObjectStore, key: str, size: int, sha256: str) -> None:
-    """Read a stored file back and compare it with what was written."""
+def readback(store: ObjectStore, key: str, size: int, sha256: str, buf: memoryview | None = None) -> None:
+    """Read a stored file back (from the device itself on the local backend) and compare it with
+    what was written. `buf` (from `aligned_buffer`) is reused across files by the caller."""
     digest, n = hashlib.sha256(), 0
     try:
-        for chunk in store.iter_chunks(key, 16 << 20):
+        for chunk in store.iter_into(key, buf if buf is not None else aligned_buffer()):
             digest.update(chunk)
             n += len(chunk)
     except (ObjectNotFound, OSError) as exc:

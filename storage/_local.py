@@ -3,13 +3,23 @@
 Used for single-machine deployments and tests. Writes go to `<root>/.tmp/` and are renamed into
 place only after an fsync, so a reader (or a crash) never sees a half-written object; readers
 that want zero-copy access (memory-mapped token arrays) get the real path from `local_path`.
+
+Large objects bypass the page cache: writes are staged in a page-aligned buffer and, once an
+object outgrows it, written with O_DIRECT, and `iter_into` reads with O_DIRECT too. Buffered
+writes of fresh multi-GB files ran at ~0.4 GB/s on the 2-core test machine (every page-cache page
+allocated, dirtied, then flushed by the fsync), direct ones at ~2.3 GB/s (`bench/merge.py`); and a
+merge's read-back then checks what the device holds, not the cache. File systems without O_DIRECT
+(tmpfs, some network mounts) get plain buffered I/O.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
+import mmap
 import os
 import uuid
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, Iterator
@@ -17,14 +27,155 @@ from typing import BinaryIO, Iterator
 from storage._keys import TMP_SEGMENT, ObjectNotFound, check_key, check_prefix, check_range
 
 
+STAGE_BYTES = 16 << 20  # a multiple of every device's logical block size
+
+
+def aligned_buffer(size: int = STAGE_BYTES) -> memoryview:
+    """A page-aligned buffer, as O_DIRECT needs; its pages are allocated on first touch."""
+    return memoryview(mmap.mmap(-1, size))
+
+
 class _FileWriter:
-    def __init__(self, fh: BinaryIO):
-        self._fh = fh
+    """Stages writes in an aligned buffer. An object that fills it switches its file to O_DIRECT
+    (file offsets are then multiples of STAGE_BYTES, so every direct write is aligned) and from
+    then on each full block is written by a background thread while the caller fills a second
+    one, so the device write overlaps the caller's work; the tail that does not fill a block is
+    written buffered at close. Small objects never go direct and start no thread."""
+
+    def __init__(self, fd: int):
+        self._fd = fd
+        self._stage: memoryview | None = None
+        self._spare: memoryview | None = None
+        self._fill = 0
+        self._offset = 0  # where the current stage goes in the file
+        self._direct: bool | None = None  # None: not tried yet
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: Future | None = None
         self.bytes_written = 0
 
     def write(self, b: bytes) -> None:
-        self._fh.write(b)
-        self.bytes_written += len(b)
+        view = memoryview(b).cast("B")
+        self.bytes_written += len(view)
+        if self._stage is None:
+            self._stage = aligned_buffer()
+        while view:
+            n = min(len(view), STAGE_BYTES - self._fill)
+            self._stage[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == STAGE_BYTES:
+                self._ship()
+
+    def _ship(self) -> None:
+        if self._pool is None:
+            self._direct = _set_direct(self._fd, True)
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="object-write")
+            self._spare = aligned_buffer()
+        self._wait()
+        self._pending = self._pool.submit(self._write_at, self._stage, self._offset)
+        self._offset += STAGE_BYTES
+        self._stage, self._spare = self._spare, self._stage
+        self._fill = 0
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Write what is staged; the caller fsyncs."""
+        try:
+            self._wait()
+            if self._direct:
+                self._direct = _set_direct(self._fd, False)
+            if self._fill:
+                self._write_at(self._stage[: self._fill], self._offset)
+        finally:
+            self.discard()
+
+    def discard(self) -> None:
+        """Let a background write end before the file is closed and removed."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._pending = self._stage = self._spare = None
+
+    def _write_at(self, view: memoryview, offset: int) -> None:
+        while view:
+            try:
+                n = os.pwrite(self._fd, view, offset)
+            except OSError as exc:
+                if not (self._direct and exc.errno == errno.EINVAL):
+                    raise
+                # The device refused this direct write's alignment: carry on buffered.
+                self._direct = _set_direct(self._fd, False)
+                continue
+            view, offset = view[n:], offset + n
+            if view and self._direct:
+                self._direct = _set_direct(self._fd, False)  # a short direct write: the rest is unaligned
+
+
+class _FileReader:
+    """Reads a file into two halves of the caller's buffer, the next half in a background thread
+    while the caller works on the current one; O_DIRECT where the file system and the buffer's
+    alignment allow."""
+
+    def __init__(self, fd: int, buf: memoryview):
+        if not len(buf):
+            raise ValueError("iter_into needs a non-empty buffer")
+        half = len(buf) // 2 // mmap.PAGESIZE * mmap.PAGESIZE
+        self._fd = fd
+        self._halves = [buf[:half], buf[half : 2 * half]] if half else [buf]
+        self._direct = _set_direct(fd, True)
+
+    def __iter__(self) -> Iterator[memoryview]:
+        halves, offset, i = self._halves, 0, 0
+        with ThreadPoolExecutor(1, thread_name_prefix="object-read") as pool:
+            ahead = pool.submit(self._read_at, halves[0], 0)
+            while n := ahead.result():
+                offset += n
+                more = n == len(halves[i])
+                if len(halves) == 2:
+                    current, i = halves[i][:n], 1 - i
+                    ahead = pool.submit(self._read_at, halves[i], offset) if more else _done(0)
+                    yield current
+                else:  # a buffer too small to halve: no read-ahead
+                    yield halves[0][:n]
+                    ahead = _done(self._read_at(halves[0], offset) if more else 0)
+
+    def _read_at(self, view: memoryview, offset: int) -> int:
+        """Fill `view` from `offset`; fewer bytes only at the end of the file."""
+        got = 0
+        while got < len(view):
+            try:
+                n = os.preadv(self._fd, [view[got:]], offset + got)
+            except OSError as exc:
+                if not (self._direct and exc.errno == errno.EINVAL):
+                    raise
+                self._direct = _set_direct(self._fd, False)  # the buffer is not aligned for this device
+                continue
+            if n == 0:
+                break
+            got += n
+        return got
+
+
+def _done(value) -> Future:
+    f: Future = Future()
+    f.set_result(value)
+    return f
+
+
+def _set_direct(fd: int, on: bool) -> bool:
+    """Turn O_DIRECT on or off for `fd`; returns whether it is on."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    try:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return False
+    return on
 
 
 class LocalObjectStore:
@@ -53,11 +204,15 @@ class LocalObjectStore:
         target = self._path(key)
         tmp = self._tmp / f"{uuid.uuid4().hex}.part"
         try:
-            with open(tmp, "wb") as fh:
-                w = _FileWriter(fh)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+            w = _FileWriter(fd)
+            try:
                 yield w
-                fh.flush()
-                os.fsync(fh.fileno())
+                w.close()
+                os.fsync(fd)
+            finally:
+                w.discard()
+                os.close(fd)
             self._publish(tmp, target)
         except BaseException:
             tmp.unlink(missing_ok=True)
@@ -97,6 +252,17 @@ class LocalObjectStore:
             with fh:
                 while block := fh.read(chunk_size):
                     yield block
+
+        return chunks()
+
+    def iter_into(self, key: str, buf: memoryview) -> Iterator[memoryview]:
+        fd = os.open(self._file(key), os.O_RDONLY | os.O_CLOEXEC)
+
+        def chunks() -> Iterator[memoryview]:
+            try:
+                yield from _FileReader(fd, buf)
+            finally:
+                os.close(fd)
 
         return chunks()
 

@@ -155,6 +155,16 @@ class S3ObjectStore:
 
         return chunks()
 
+    def iter_into(self, key: str, buf: memoryview) -> Iterator[memoryview]:
+        body = self._get(key)["Body"]
+
+        def chunks() -> Iterator[memoryview]:
+            with body:
+                while n := _read_into(body, buf):
+                    yield buf[:n]
+
+        return chunks()
+
     def read_range(self, key: str, start: int, end: int) -> bytes:
         check_range(start, end)
         if start == end:
@@ -242,3 +252,15 @@ class S3ObjectStore:
     def local_path(self, key: str) -> None:
         check_key(key)
         return None
+
+
+def _read_into(body: Any, buf: memoryview) -> int:
+    """Fill `buf` from a streaming GET body; fewer bytes only at the object's end."""
+    n = 0
+    while n < len(buf):
+        data = body.read(len(buf) - n)
+        if not data:
+            break
+        buf[n : n + len(data)] = data
+        n += len(data)
+    return n

@@ -14,7 +14,7 @@ from typing import Iterator, Protocol
 from urllib.parse import unquote, urlparse
 
 from storage._keys import ObjectNotFound, check_key, check_prefix
-from storage._local import LocalObjectStore
+from storage._local import LocalObjectStore, aligned_buffer
 from storage._s3 import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3ObjectStore
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "ObjectStore",
     "S3ObjectStore",
     "Writer",
+    "aligned_buffer",
     "check_key",
     "check_prefix",
     "open_object_store",
@@ -34,7 +35,8 @@ __all__ = [
 class Writer(Protocol):
     bytes_written: int
 
-    def write(self, b: bytes) -> None: ...
+    def write(self, b: bytes) -> None:
+        """Take a copy of `b` (or write it out) before returning: callers reuse their buffers."""
 
 
 class ObjectStore(Protocol):
@@ -56,6 +58,12 @@ class ObjectStore(Protocol):
 
     def iter_chunks(self, key: str, chunk_size: int = 1 << 20) -> Iterator[bytes]:
         """Chunks of at most `chunk_size` bytes; ObjectNotFound is raised at the call, not at iteration."""
+        ...
+
+    def iter_into(self, key: str, buf: memoryview) -> Iterator[memoryview]:
+        """The object read into `buf` (from `aligned_buffer`), chunk by chunk, each view valid until
+        the next; the local backend reads past the page cache, so a read-back sees what the device
+        holds. ObjectNotFound is raised at the call, not at iteration."""
         ...
 
     def read_range(self, key: str, start: int, end: int) -> bytes:

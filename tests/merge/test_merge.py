@@ -9,6 +9,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from peft import PeftModel
@@ -18,7 +19,10 @@ from transformers import AutoModelForCausalLM
 from catalog.bases import get_base
 from catalog.standins import MANIFEST, standin_dir
 from merge.errors import MergeError
-from merge.run import MergeRequest, run_merge
+from catalog.model_source import parse_model_source
+from merge.plan import build_plan, pinned_digests
+from merge.run import MergeRequest, _load_adapter, run_merge
+from merge.shard import merge_shard
 from storage.objects import open_object_store
 from tests.merge.builders import Adapter, sharded_mirror, store_request, train_adapter
 from tests.merge.corrupting_store import CorruptingStore
@@ -141,6 +145,27 @@ def test_sharded_base_keeps_layout_and_rerun_is_identical(tmp_path, qwen7b, mode
     assert second.files == first.files and second.manifest == first.manifest
     assert all(p.stat().st_mtime_ns >= stamp[p.name] for p in out.iterdir())
     assert {p.name for p in out.iterdir()} == {f["path"] for f in first.files}
+
+
+@pytest.mark.parametrize("chunk_bytes", [4096, 4608, 200])
+def test_small_row_buffers_give_the_same_shard(tmp_path, qwen7b, qwen7b_adapter, model_cache, chunk_bytes):
+    # 4096 bytes hold 16 rows of a 128-wide weight, so every weight is merged in several reads;
+    # 4608 hold 18, leaving short blocks of 2 and 4 rows (which MKL would sum in another order);
+    # 200 bytes hold less than one row, the buffer is widened for that weight only.
+    base, base_dir = qwen7b
+    req = store_request(tmp_path, base, qwen7b_adapter, model_source="standin", cache_root=model_cache)
+    store = open_object_store(*req.store_spec)
+    adapter, weights, _ = _load_adapter(req, store)
+    plan = build_plan(adapter, base_dir, pinned_digests(base, parse_model_source("standin"), base_dir, model_cache))
+    (job,) = plan.shards
+    whole = merge_shard(job, str(base_dir / job.path), store, "x/whole", np.frombuffer(weights, np.uint8), adapter.scale)
+    small = merge_shard(job, str(base_dir / job.path), store, "x/small", np.frombuffer(weights, np.uint8), adapter.scale,
+                        chunk_bytes=chunk_bytes)  # fmt: skip
+    assert small == {**whole, "path": job.path} and whole["modified"]
+    assert store.get_bytes("x/small") == store.get_bytes("x/whole")
+    with safe_open(store.root / "x" / "small", "pt") as f:
+        for name, tensor in _expected(base_dir, qwen7b_adapter).items():
+            assert torch.equal(f.get_tensor(name), tensor), name
 
 
 def _failed(req: MergeRequest, store=None) -> str:

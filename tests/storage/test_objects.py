@@ -17,8 +17,10 @@ from storage.objects import (
     ObjectNotFound,
     ObjectStore,
     S3ObjectStore,
+    aligned_buffer,
     open_object_store,
 )
+from storage._local import STAGE_BYTES
 from tests.utils.seaweed import SeaweedServer
 
 BAD_KEYS = ["", "/abs/key", "a/../b", "..", "./a", "a//b", "a/", ".tmp/x", "a/\x00b"]
@@ -156,6 +158,31 @@ def test_iter_chunks(store: ObjectStore):
     assert list(store.iter_chunks("c")) == [data]
     with pytest.raises(ValueError):
         store.iter_chunks("c", chunk_size=0)
+
+
+@pytest.mark.parametrize("size", [0, 5, STAGE_BYTES, 2 * STAGE_BYTES + 4099])
+def test_large_writes_in_odd_pieces_and_iter_into(store: ObjectStore, size: int):
+    # Pieces that straddle the local store's staging blocks: an object that fills one goes
+    # O_DIRECT, its unaligned tail buffered; the bytes must come out exactly as written.
+    data = _data(size, seed=size)
+    cuts = sorted({0, size, *random.Random(1).sample(range(size + 1), min(size, 6))})
+    with store.writer("big/odd") as w:
+        for a, b in zip(cuts, cuts[1:]):
+            w.write(memoryview(data)[a:b])
+        assert w.bytes_written == size
+
+    buf = aligned_buffer(1 << 20)
+    chunks = [bytes(c) for c in store.iter_into("big/odd", buf)]
+    assert b"".join(chunks) == data
+    assert all(0 < len(c) <= 1 << 20 for c in chunks)
+    assert store.size("big/odd") == size
+    # An unaligned buffer still reads correctly (the local store falls back to buffered reads).
+    odd = memoryview(bytearray((1 << 20) + 1))[1:]
+    assert b"".join(bytes(c) for c in store.iter_into("big/odd", odd)) == data
+    tiny = aligned_buffer(4096)  # too small to read ahead into a second half
+    assert b"".join(bytes(c) for c in store.iter_into("big/odd", tiny)) == data
+    with pytest.raises(ObjectNotFound):
+        store.iter_into("big/missing", buf)
 
 
 def test_read_range(store: ObjectStore):
