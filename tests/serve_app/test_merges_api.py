@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 import time
 from dataclasses import dataclass
 
@@ -316,3 +317,49 @@ def test_other_accounts_get_404_and_no_key_gets_401(api, env, account, adapters)
         api.client(other).post(f"/gridline/adapters/{model}/merged", cast_to=object)
     assert env.call(key, "GET", model).json()["status"] == "queued"
     assert env.call(key, "DELETE", model).json()["deleted"] is True
+
+
+def test_deleting_a_model_hides_it_everywhere_and_deletes_its_adapter(api, env, account, adapters):
+    client, account_id, key = account
+    model = env.register(account_id, adapters["good"])
+    prefix = env.adapter_prefix(model)
+    assert model in [m.id for m in client.models.list()] and client.models.retrieve(model).id == model
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.models.delete(BASE.id)
+    assert (refused.value.code, refused.value.param) == ("invalid_request", "model")
+    assert BASE.id in [m.id for m in client.models.list()]
+
+    deleted = client.models.delete(model)
+    assert (deleted.id, deleted.object, deleted.deleted) == (model, "model", True)
+    assert model not in [m.id for m in client.models.list()]
+    for call in (lambda: client.models.retrieve(model), lambda: client.models.delete(model)):
+        with pytest.raises(openai.NotFoundError):
+            call()
+    adapter_url = f"{api.base_url}/gridline/adapters/{model}/files/{ADAPTER_MODEL}"
+    assert _error(httpx.get(adapter_url, headers={"authorization": f"Bearer {key}"}), 404)["code"] == "not_found"
+    assert _error(env.call(key, "POST", model), 404)["code"] == "not_found"
+    assert list(env.state.store.list(prefix + "/")) == []
+    with env.state.db.session() as s:
+        assert s.get(FineTunedModel, model).delete_error is None
+
+
+def test_a_storage_failure_on_model_delete_is_recorded_and_the_model_stays_unreachable(api, env, account, adapters):
+    # The adapter file made immutable (chattr +i): the file system refuses the unlink, even to root.
+    client, account_id, key = account
+    model = env.register(account_id, adapters["good"])
+    stuck = env.state.store.local_path(f"{env.adapter_prefix(model)}/{ADAPTER_MODEL}")
+    subprocess.run(["chattr", "+i", str(stuck)], check=True)
+    try:
+        assert client.models.delete(model).deleted is True
+        assert stuck.exists()  # the failure was real
+        with env.state.db.session() as s:
+            assert s.get(FineTunedModel, model).delete_error == "PermissionError"
+        assert model not in [m.id for m in client.models.list()]
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve(model)
+        download = httpx.get(f"{api.base_url}/gridline/adapters/{model}/files/{ADAPTER_MODEL}",
+                             headers={"authorization": f"Bearer {key}"})  # fmt: skip
+        assert _error(download, 404)["code"] == "not_found"
+        assert _error(env.call(key, "POST", model), 404)["code"] == "not_found"
+    finally:
+        subprocess.run(["chattr", "-i", str(stuck)], check=True)
