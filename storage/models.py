@@ -201,3 +201,12 @@ class AccountLimits(Base):
     open_jobs_set: Mapped[bool] = mapped_column(default=False)
     usd_per_day_cents: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     models: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class TokenizedReap(Base):
+    """The reaper is deleting the tokenized shards of files with these bytes (`storage/tokenized_reaps.py`)."""
+
+    __tablename__ = "tokenized_reaps"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+    started_at: Mapped[int] = mapped_column(BigInteger)

@@ -176,6 +176,7 @@ class JobController:
 
     def _run(self, job_id: str) -> None:
         from pipelines.tokenize import build_tokenized
+        from storage.tokenized_reaps import wait_while_marked
         from train.launcher import run_training
 
         settings = self.settings
@@ -191,6 +192,7 @@ class JobController:
         method = spec["method_type"]
 
         def tokenized(key_sha):
+            wait_while_marked(self.db, key_sha[1])  # the reaper may be deleting these bytes' shards
             return build_tokenized(
                 self.store.spec(), key_sha[0], key_sha[1], base.id, source, settings.model_cache_dir,
                 spec["max_seq_length"], method,

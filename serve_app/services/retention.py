@@ -8,7 +8,8 @@ every step is safe to repeat or to run twice at once). The reference's "Your dat
   except a live model's adapter (which stays until the model is deleted), Ray Train's local run
   directories, and the tokenized shards under `tokenized/{file sha256}/`. Shards are shared by
   every job on a file with those bytes, in any account, so they go only when no such job is open
-  or ended less than 7 days ago;
+  or ended less than 7 days ago (checked with a mark, so a job starting meanwhile is safe:
+  storage/tokenized_reaps.py);
 - jobs and their events: 180 days after they end (after their copies are gone);
 - merged exports: 7 days (`merge.worker.expire_exports`, the merge worker's own rule).
 """
@@ -18,13 +19,14 @@ from __future__ import annotations
 import logging
 import shutil
 
-from sqlalchemy import delete, or_, select
+from sqlalchemy import delete, select
 
 from merge.worker import expire_exports
+from pipelines.tokenize import MANIFEST as TOKENIZED_MANIFEST
 from serve_app.state import AppState
 from storage import files as files_repo
-from storage.jobs import OPEN_STATUSES
 from storage.models import File, FineTunedModel, Job, JobEvent
+from storage.tokenized_reaps import mark, shards_in_use, stale_marks, unmark
 
 log = logging.getLogger("openft.reaper")
 DAY = 86400
@@ -66,6 +68,7 @@ def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
             FineTunedModel.job_id.in_([j.id for j in jobs]), FineTunedModel.deleted_at.is_(None))).all())
         file_ids = {f for j in jobs for f in (j.training_file, j.validation_file) if f}
         shas = set(session.scalars(select(File.sha256).where(File.id.in_(file_ids)))) if file_ids else set()
+        shas.update(stale_marks(session, now, BATCH))
     objects = 0
     for job in jobs:
         adapter = keep.get(job.id)
@@ -77,10 +80,7 @@ def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
             shutil.rmtree(run_dir)
     tokenized = 0
     for sha in sorted(shas):
-        with state.db.session() as session:
-            if _shards_in_use(session, sha, cutoff):
-                continue
-        if state.store.delete_prefix(f"tokenized/{sha}/"):
+        if _reap_tokenized(state, sha, cutoff, now):
             tokenized += 1
     with state.db.session() as session:
         for job in jobs:
@@ -88,12 +88,25 @@ def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
     return {"run_copies": len(jobs), "run_objects": objects, "tokenized_files": tokenized}
 
 
-def _shards_in_use(session, sha256: str, cutoff: int) -> bool:
-    """Whether a job on a file with these bytes is open or ended after `cutoff`."""
-    same_bytes = select(File.id).where(File.sha256 == sha256)
-    recent = Job.status.in_(OPEN_STATUSES) | Job.finished_at.is_(None) | (Job.finished_at > cutoff)
-    query = select(Job.id).where(recent, or_(Job.training_file.in_(same_bytes), Job.validation_file.in_(same_bytes)))
-    return session.scalar(query.limit(1)) is not None
+def _reap_tokenized(state: AppState, sha: str, cutoff: int, now: int) -> bool:
+    """Delete the shards of files with these bytes if no job may still read them (see
+    storage/tokenized_reaps.py for why it marks first and checks twice)."""
+    with state.db.session() as session:
+        if shards_in_use(session, sha, cutoff) or not mark(session, sha, now):
+            return False
+    try:
+        with state.db.session() as session:
+            if shards_in_use(session, sha, cutoff):
+                return False
+        keys = list(state.store.list(f"tokenized/{sha}/"))
+        for key in keys:
+            if key.endswith("/" + TOKENIZED_MANIFEST):
+                state.store.delete(key)  # first: a reader that finds no manifest tokenizes afresh
+        state.store.delete_prefix(f"tokenized/{sha}/")
+        return bool(keys)
+    finally:
+        with state.db.session() as session:
+            unmark(session, sha)
 
 
 def _reap_jobs(state: AppState, now: int) -> dict[str, int]:

@@ -5,6 +5,7 @@ at the same time deletes nothing more."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from pathlib import Path
 
@@ -16,8 +17,9 @@ from openft.settings import Settings
 from serve_app.services.retention import reap_once
 from serve_app.state import AppState
 from storage.accounts import create_account
-from storage.models import File, FineTunedModel, Job, JobEvent, Merge
 from storage.jobs import add_event
+from storage.models import File, FineTunedModel, Job, JobEvent, Merge, TokenizedReap
+from storage.tokenized_reaps import STALE_S, mark, shards_in_use, unmark, wait_while_marked
 from tests.serve_app.test_billing import MODEL, put_job
 
 NOW = 1_900_000_000
@@ -135,3 +137,51 @@ def test_reaper_deletes_exactly_what_expired_and_nothing_in_use(state: AppState,
     later = reap_once(state, NOW + 9 * DAY)
     assert (later["tokenized_files"], later["run_copies"]) == (2, 2)
     assert keys(state, "tokenized/") == []
+
+
+def test_reaper_marks_the_bytes_it_deletes_and_a_starting_job_waits_the_mark_out(state: AppState):
+    with state.db.session() as session:
+        carol, _ = create_account(session, "carol", open_jobs_limit=3)
+    job_id = ended(state, carol.id, add_file(state, carol.id, "s-race", created_at=NOW - 9 * DAY), days_ago=8)
+    add_run(state, job_id, "s-race")
+
+    # Another reaper's fresh mark: this pass leaves the bytes to it.
+    with state.db.session() as session:
+        assert mark(session, "s-race", NOW - 60)
+        assert not mark(session, "s-race", NOW)
+    assert reap_once(state)["tokenized_files"] == 0 and keys(state, "tokenized/s-race/") != []
+
+    # A controller starting a job on marked bytes waits until the mark is removed, or goes stale.
+    clock = [NOW]
+    with state.db.session() as session:
+        mark(session, "s-other", NOW)
+    _waits_until(state, "s-other", clock, lambda: _unmark(state, "s-other"))
+    _waits_until(state, "s-race", clock, lambda: clock.__setitem__(0, NOW - 60 + STALE_S))
+
+    # The other reaper died mid-delete: a later pass takes its stale mark over and finishes.
+    with state.db.session() as session:
+        assert not shards_in_use(session, "s-race", NOW - 7 * DAY)
+    assert reap_once(state, NOW + STALE_S)["tokenized_files"] == 1
+    assert keys(state, "tokenized/") == []
+    with state.db.session() as session:
+        assert session.query(TokenizedReap).count() == 0  # no mark outlives its pass
+
+
+def _unmark(state: AppState, sha: str) -> None:
+    with state.db.session() as session:
+        unmark(session, sha)
+
+
+def _waits_until(state: AppState, sha: str, clock: list[int], release) -> None:
+    released = threading.Event()
+
+    def start_job():
+        wait_while_marked(state.db, sha, clock=lambda: clock[0], poll_s=0.02)
+        released.set()
+
+    waiter = threading.Thread(target=start_job)
+    waiter.start()
+    assert not released.wait(0.3), sha
+    release()
+    assert released.wait(5), sha
+    waiter.join()
