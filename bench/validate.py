@@ -97,10 +97,11 @@ def main() -> None:
     parser.add_argument("--mib", type=int, default=64)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--block-mib", type=int, default=8, help="Ray Data range size (settings.validate_block_bytes)")
+    parser.add_argument("--range-mib-max", type=int, default=64,
+                        help="largest Ray Data range (settings.validate_range_bytes_max); the tail is split evenly over the CPUs")
     args = parser.parse_args()
 
-    block_bytes = args.block_mib << 20
+    block_bytes = args.range_mib_max << 20
     data = make_file(args.mib << 20, args.seed)
     mb = len(data) / 1e6
     tmp = BENCH_DIR
@@ -146,7 +147,7 @@ def main() -> None:
         "bytes": len(data),
         "rows": rows,
         "cpus": os.cpu_count(),
-        "block_bytes": block_bytes,
+        "range_bytes_max": block_bytes,
         "floor_mb_s": round(mb / floor_s, 1),
         "inline_mb_s": round(mb / inline_s, 1),
         "ray_mb_s": round(mb / ray_s, 1),

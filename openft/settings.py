@@ -39,7 +39,12 @@ class Settings(BaseSettings):
     validate_ray_threshold_bytes: int = Field(
         8 * 1024 * 1024, description="Uploads above this size have their remaining lines validated by a Ray Data job."
     )
-    validate_block_bytes: int = Field(8 * 1024 * 1024, description="Byte range one Ray Data validation task reads.")
+    validate_block_bytes: int = Field(8 * 1024 * 1024, description="Byte range one Ray Data create-check task reads.")
+    validate_range_bytes_max: int = Field(
+        64 * 1024 * 1024,
+        description="Largest byte range one Ray Data upload-validation task reads: the part of an upload past the inline "
+        "check is split evenly over the cluster's CPUs, in ranges up to this size.",
+    )
     file_retention_days: int = Field(30, description="Uploaded and derived files expire this long after creation.")
     new_account_open_jobs: int = Field(1, description="Open fine-tuning jobs allowed to a new account.")
     established_account_open_jobs: int = Field(

@@ -75,7 +75,7 @@ def finish_validation(state: AppState, key: str, purpose: str, validator: Stream
             stats = build_validation(
                 state.store.spec(), key, purpose,
                 start_offset=validator.checked_offset, start_line=validator.checked_line,
-                block_bytes=state.settings.validate_block_bytes, head_stats=stats, max_bytes=MAX_BYTES[purpose],
+                block_bytes=state.settings.validate_range_bytes_max, head_stats=stats, max_bytes=MAX_BYTES[purpose],
             )
     except FileValidationError as exc:
         raise _validation_refusal(exc) from None

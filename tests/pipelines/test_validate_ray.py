@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from pipelines.validate import FileStats, FileValidationError, StreamingValidator
-from pipelines.validate_ray import block_ranges, build_validation
+from pipelines.validate_ray import MIN_RANGE_BYTES, block_ranges, build_validation, even_range_bytes
 from storage.objects import ObjectStore, open_object_store
 from tests.factories import batch_result_line, chat_row, jsonl, preference_row
 from tests.pipelines.test_validate import MARK, stream_error, stream_stats
@@ -155,3 +155,13 @@ def test_whole_file_rules(store: ObjectStore):
         "chat", 5, 15, sum(len(b"You are terse.") + len(f"question {i} ") + i * 7 % 90 + len(f"answer {i}")
                           for i in range(5)), len(data)
     )
+
+
+def test_ranges_split_the_tail_evenly_over_the_cluster_cpus(ray_cluster):
+    cpus = int(ray_cluster.cluster_resources()["CPU"])
+    assert cpus == 2  # the session cluster
+    assert even_range_bytes(56 << 20, 64 << 20) == 28 << 20  # one range per CPU
+    assert even_range_bytes((56 << 20) + 1, 64 << 20) == (28 << 20) + 1  # rounded up: still two ranges
+    assert even_range_bytes(512 << 20, 64 << 20) == 64 << 20  # capped: more ranges than CPUs
+    assert even_range_bytes(100 << 10, 64 << 20) == MIN_RANGE_BYTES  # too small to split
+    assert even_range_bytes(56 << 20, 4096) == 4096  # a cap below the minimum wins
