@@ -135,13 +135,26 @@ def expire_exports(db: Database, store: ObjectStore, *, now: int) -> int:
         for merge in repo.expired_exports(session, now):
             merge.status = "expired"
         owed = [(m.id, m.export_prefix) for m in repo.unpurged_exports(session)]
+    done = purge_exports(db, store, owed, now)
+    if done:
+        log.info("deleted %d expired or deleted exports", done)
+    return done
+
+
+def purge_exports(db: Database, store: ObjectStore, owed: list[tuple[str, str]], now: int) -> int:
+    """Delete the objects of deleted or expired exports (`(merge id, export prefix)` pairs) and
+    record it; a storage delete that fails leaves `purged_at` null, so the next pass retries it."""
+    done = 0
     for merge_id, prefix in owed:
-        store.delete_prefix(prefix.rstrip("/") + "/")
+        try:
+            store.delete_prefix(prefix.rstrip("/") + "/")
+        except Exception as exc:
+            log.error("export delete failed: %s", type(exc).__name__)
+            continue
         with db.session() as session:
             repo.get_merge(session, merge_id).purged_at = now
-    if owed:
-        log.info("deleted %d expired or deleted exports", len(owed))
-    return len(owed)
+        done += 1
+    return done
 
 
 def _settle(session, store: ObjectStore, merge: Merge, outcome: MergeResult | MergeError, now: int) -> str:

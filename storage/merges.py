@@ -39,6 +39,19 @@ def visible_merges(session: Session, account_id: str, model: str) -> Sequence[Me
     ).all()
 
 
+def delete_model_merges(session: Session, account_id: str, model: str, now: int) -> list[tuple[str, str]]:
+    """A deleted model takes its merges with it: pending ones are cancelled, a running one deletes
+    what it wrote when it ends (`merge_weights_gone`), exports are marked deleted. Returns the
+    `(merge id, export prefix)` of the exports whose objects are owed a delete."""
+    rows = visible_merges(session, account_id, model)
+    for row in rows:
+        if row.status == "running":
+            row.delete_requested = True
+        else:
+            row.deleted_at = now
+    return [(row.id, row.export_prefix) for row in rows if row.status == "succeeded"]
+
+
 def get_merge(session: Session, merge_id: str, *, for_update: bool = False) -> Merge | None:
     query = select(Merge).where(Merge.id == merge_id)
     if for_update:

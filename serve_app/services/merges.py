@@ -25,13 +25,12 @@ import binascii
 import hashlib
 import hmac
 import json
-import logging
 import time
 from typing import Callable, Iterator
 
 from merge.errors import MergeError
 from merge.run import preflight
-from merge.worker import DAILY_MERGES, MAX_EXPORT_BYTES, MAX_EXPORTS, merge_request
+from merge.worker import DAILY_MERGES, MAX_EXPORT_BYTES, MAX_EXPORTS, merge_request, purge_exports
 from openft.errors import InvalidRequest, NotFound, RateLimited
 from openft.ids import new_id
 from serve_app.schemas.merges import MergedFile, MergedWeights, MergedWeightsDeleted, MergeErrorInfo
@@ -41,7 +40,6 @@ from storage import merges as repo
 from storage.models import Account, Merge
 from storage.objects import ObjectNotFound
 
-log = logging.getLogger("openft.api")
 URL_TTL_S = 300
 DAY_S = 86400
 
@@ -146,14 +144,7 @@ def delete_merged(state: AppState, account: Account, model: str) -> MergedWeight
         for row in rows:
             row.deleted_at = now
         owed = [(row.id, row.export_prefix) for row in rows if row.status == "succeeded"]
-    for merge_id, prefix in owed:
-        try:
-            state.store.delete_prefix(prefix + "/")
-        except Exception as exc:  # recorded as purged_at still null: the worker's next pass retries it
-            log.error("export delete failed for a deleted merge: %s", type(exc).__name__)
-            continue
-        with state.db.session() as session:
-            repo.get_merge(session, merge_id).purged_at = now
+    purge_exports(state.db, state.store, owed, now)
     return MergedWeightsDeleted(model=model, deleted=True)
 
 

@@ -8,10 +8,12 @@ from typing import Iterator
 from sqlalchemy import select
 
 from catalog.bases import BASES
+from merge.worker import purge_exports
 from openft.errors import InvalidRequest, NotFound
 from serve_app.schemas.common import Page
 from serve_app.schemas.models import Model, ModelDeleted
 from serve_app.state import AppState
+from storage import merges as merges_repo
 from storage.models import Account, FineTunedModel
 from storage.objects import ObjectNotFound
 from train.registration import ADAPTER_FILES
@@ -61,8 +63,9 @@ def delete_model(state: AppState, account: Account, model: str) -> ModelDeleted:
         raise InvalidRequest("Base models cannot be deleted; only your ft: models.", code="invalid_request", param="model")
     with state.db.session() as session:
         row = get_ft_model(session, account, model)
-        row.deleted_at = state.now()  # unreachable through the API from here on, whatever storage does
+        now = row.deleted_at = state.now()  # unreachable through the API from here on, whatever storage does
         prefix = row.adapter_prefix
+        owed = merges_repo.delete_model_merges(session, account.id, model, now)
     try:
         for name in ADAPTER_FILES:
             state.store.delete(f"{prefix}/{name}")
@@ -70,6 +73,7 @@ def delete_model(state: AppState, account: Account, model: str) -> ModelDeleted:
         log.error("adapter delete failed for a deleted model: %s", type(exc).__name__)
         with state.db.session() as session:
             session.get(FineTunedModel, model).delete_error = type(exc).__name__
+    purge_exports(state.db, state.store, owed, now)
     return ModelDeleted(id=model, deleted=True)
 
 

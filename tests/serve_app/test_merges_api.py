@@ -319,10 +319,14 @@ def test_other_accounts_get_404_and_no_key_gets_401(api, env, account, adapters)
     assert env.call(key, "DELETE", model).json()["deleted"] is True
 
 
-def test_deleting_a_model_hides_it_everywhere_and_deletes_its_adapter(api, env, account, adapters):
+def test_deleting_a_model_hides_it_everywhere_and_deletes_its_adapter_and_exports(api, env, account, adapters):
     client, account_id, key = account
     model = env.register(account_id, adapters["good"])
     prefix = env.adapter_prefix(model)
+    assert env.call(key, "POST", model).json()["status"] == "queued"
+    assert env.work()
+    export = env.row(account_id, model)
+    assert export.status == "succeeded" and list(env.state.store.list(export.export_prefix + "/"))
     assert model in [m.id for m in client.models.list()] and client.models.retrieve(model).id == model
     with pytest.raises(openai.BadRequestError) as refused:
         client.models.delete(BASE.id)
@@ -341,6 +345,9 @@ def test_deleting_a_model_hides_it_everywhere_and_deletes_its_adapter(api, env, 
     assert list(env.state.store.list(prefix + "/")) == []
     with env.state.db.session() as s:
         assert s.get(FineTunedModel, model).delete_error is None
+        gone = s.get(Merge, export.id)
+        assert gone.deleted_at is not None and gone.purged_at is not None
+    assert list(env.state.store.list(export.export_prefix + "/")) == []  # the export went with the model
 
 
 def test_a_storage_failure_on_model_delete_is_recorded_and_the_model_stays_unreachable(api, env, account, adapters):
