@@ -27,7 +27,7 @@ import torch
 from merge.errors import MergeError
 from merge.export import readback
 from merge.plan import ShardJob, Target
-from storage.objects import ObjectStore, aligned_buffer
+from storage.objects import ObjectStore, aligned_buffer, pread_into
 
 CHUNK = 16 << 20
 ROW_BLOCK = 1 << 20  # fp32 elements of a weight merged at once (4 MiB)
@@ -116,7 +116,7 @@ class _Source:
     def read_into(self, view: memoryview, offset: int) -> None:
         got = 0
         while got < len(view):
-            n = os.preadv(self.fd, [view[got:]], offset + got)
+            n = pread_into(self.fd, view[got:], offset + got)
             if n == 0:
                 raise MergeError("merge_source_short", f"The base shard {self.job.path} became shorter while it was read.")
             got += n

@@ -9,7 +9,7 @@ object outgrows it, written with O_DIRECT, and `iter_into` reads with O_DIRECT t
 writes of fresh multi-GB files ran at ~0.4 GB/s on the 2-core test machine (every page-cache page
 allocated, dirtied, then flushed by the fsync), direct ones at ~2.3 GB/s (`bench/merge.py`); and a
 merge's read-back then checks what the device holds, not the cache. File systems without O_DIRECT
-(tmpfs, some network mounts) get plain buffered I/O.
+(tmpfs, some network mounts), and systems without it (macOS), get plain buffered I/O.
 """
 
 from __future__ import annotations
@@ -148,7 +148,7 @@ class _FileReader:
         got = 0
         while got < len(view):
             try:
-                n = os.preadv(self._fd, [view[got:]], offset + got)
+                n = pread_into(self._fd, view[got:], offset + got)
             except OSError as exc:
                 if not (self._direct and exc.errno == errno.EINVAL):
                     raise
@@ -166,11 +166,25 @@ def _done(value) -> Future:
     return f
 
 
+_O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; macOS has none
+
+
+def pread_into(fd: int, view: memoryview, offset: int) -> int:
+    """One positional read into `view`; returns the bytes read (0 at the end of the file)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    data = os.pread(fd, len(view), offset)
+    view[: len(data)] = data
+    return len(data)
+
+
 def _set_direct(fd: int, on: bool) -> bool:
     """Turn O_DIRECT on or off for `fd`; returns whether it is on."""
+    if not _O_DIRECT:
+        return False
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     try:
-        fcntl.fcntl(fd, fcntl.F_SETFL, flags | os.O_DIRECT if on else flags & ~os.O_DIRECT)
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags | _O_DIRECT if on else flags & ~_O_DIRECT)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise
