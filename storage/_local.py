@@ -22,10 +22,9 @@ import uuid
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, Iterator
+from typing import Iterator
 
 from storage._keys import TMP_SEGMENT, ObjectNotFound, check_key, check_prefix, check_range
-
 
 STAGE_BYTES = 16 << 20  # a multiple of every device's logical block size
 

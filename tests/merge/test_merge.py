@@ -17,9 +17,9 @@ from safetensors import safe_open
 from transformers import AutoModelForCausalLM
 
 from catalog.bases import get_base
+from catalog.model_source import parse_model_source
 from catalog.standins import MANIFEST, standin_dir
 from merge.errors import MergeError
-from catalog.model_source import parse_model_source
 from merge.plan import build_plan, pinned_digests
 from merge.run import MergeRequest, _load_adapter, run_merge
 from merge.shard import merge_shard

@@ -11,6 +11,7 @@ from functools import partial
 import pytest
 from botocore.exceptions import ClientError
 
+from storage._local import STAGE_BYTES
 from storage.objects import (
     MIN_PART_SIZE,
     LocalObjectStore,
@@ -20,7 +21,6 @@ from storage.objects import (
     aligned_buffer,
     open_object_store,
 )
-from storage._local import STAGE_BYTES
 from tests.utils.seaweed import SeaweedServer
 
 BAD_KEYS = ["", "/abs/key", "a/../b", "..", "./a", "a//b", "a/", ".tmp/x", "a/\x00b"]
