@@ -100,8 +100,11 @@ def run_merge(req: MergeRequest, store: ObjectStore | None = None) -> MergeResul
 def _write(req, store, prefix, deadline, plan: MergePlan, adapter: LoraAdapter, adapter_bytes, adapter_sha256,
            base_dir: Path, extra_licences: dict[str, Path], attribution: str) -> MergeResult:  # fmt: skip
     adapter_ref = ray.put(np.frombuffer(adapter_bytes, dtype=np.uint8))
+    # Named for the Ray dashboard: which base and shard a running task is merging.
     tasks = [
-        _merge_shard.remote(job, str(base_dir / job.path), store, f"{prefix}/{job.path}", adapter_ref, adapter.scale)
+        _merge_shard.options(name=f"merge {adapter.base.id} {job.path}").remote(
+            job, str(base_dir / job.path), store, f"{prefix}/{job.path}", adapter_ref, adapter.scale
+        )
         for job in plan.shards
     ]
     try:
