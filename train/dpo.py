@@ -24,14 +24,12 @@ from collections.abc import Callable
 
 import torch
 
-from catalog.bases import get_base
 from pipelines.tokenize import IGNORE_INDEX
-from storage.objects import open_object_store
 from train.config import TrainingError, TrainJob, TrainOutcome
 from train.data import eval_batches, length_grouped_batches, pad_batch
-from train.lora import adapter_files, autocast, build_model, pick_device
+from train.loop import Progress, StepResult, run_recipe
+from train.lora import autocast
 from train.losses import dpo_losses, sequence_logprobs
-from train.loop import Progress, StepResult, TrainLoop
 from train.progress import Reporter
 
 
@@ -62,7 +60,7 @@ class DPOSteps:
         return logprobs[: len(rows)], logprobs[len(rows) :]
 
     @torch.no_grad()
-    def compute_reference(self, progress: Progress) -> None:
+    def prepare(self, progress: Progress) -> None:
         """Reference log-probs of every pair, once per run (kept in `progress.extra` across resumes)."""
         if "reference" not in progress.extra:
             with self.model.disable_adapter():
@@ -112,34 +110,13 @@ def train_dpo(
     on_checkpoint: Callable[[str], None] | None = None,
 ) -> TrainOutcome:
     """Train on `train_rows` (tokenized preference rows), measure on `eval_rows`; see the module docstring."""
-    # setup
     if job.method_type != "dpo":
         raise ValueError("train_dpo runs DPO jobs; supervised jobs go to train.sft.train_sft")
     if not train_rows:
         raise TrainingError("context_too_long", "No preference pair keeps a completion token within max_seq_length.")
-    base = get_base(job.base_id)
-    store = open_object_store(*job.store_spec)
-    device = pick_device(job)
-    model = build_model(job, base, device)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    steps = DPOSteps(job, model, device, pad_id, train_rows, eval_rows)
-    loop = TrainLoop(job, reporter, model, store, on_checkpoint)
-    loop.restore()
-    reporter.event(
+    return run_recipe(
+        job, reporter,
+        lambda model, device, pad_id: DPOSteps(job, model, device, pad_id, train_rows, eval_rows),
         f"Training {len(train_rows)} pairs for {job.n_epochs} epoch(s) with beta {job.beta}, evaluating on {len(eval_rows)} pairs.",
-        data={"train_rows": len(train_rows), "eval_rows": len(eval_rows), "device": device.type},
-    )
-
-    # ref
-    steps.compute_reference(loop.progress)
-
-    # train
-    stopped = loop.run(steps)
-    if stopped is not None:
-        return stopped
-
-    # save
-    eval_loss = steps.evaluate()
-    for name, data in adapter_files(model, base).items():
-        store.put_bytes(job.output_prefix + name, data)
-    return TrainOutcome("succeeded", loop.result(eval_loss, len(eval_rows)))
+        len(train_rows), len(eval_rows), on_checkpoint,
+    )  # fmt: skip

@@ -1,8 +1,8 @@
 """The step loop both recipes share: learning-rate schedule, pause/cancel between steps, metrics,
 epoch-end and pause checkpoints, resume, the time limit, and the result figures.
 
-Where it sits: sft.py and dpo.py build the model and a `Steps` object (what one batch's loss is,
-how eval is measured), then hand both to `TrainLoop.run`. Everything the loop counts lives in
+Where it sits: sft.py and dpo.py each define a `Steps` object (what one batch's loss is, how eval
+is measured) and call `run_recipe`, which builds the model, runs `TrainLoop` and saves the adapter. Everything the loop counts lives in
 `Progress`, which a checkpoint stores whole, so a resumed run ends with the same numbers and the
 same adapter bytes as an uninterrupted one.
 
@@ -19,9 +19,11 @@ from typing import Callable, Protocol
 
 import torch
 
+from catalog.bases import get_base
+from storage.objects import open_object_store
 from train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from train.config import TrainingError, TrainJob, TrainOutcome
-from train.lora import adapter_state, load_adapter_state, trainable_parameters
+from train.lora import adapter_files, adapter_state, build_model, load_adapter_state, pick_device, trainable_parameters
 from train.progress import MetricsClock, Reporter
 
 WARMUP_FRACTION = 0.03
@@ -38,6 +40,10 @@ class StepResult:
 
 
 class Steps(Protocol):
+    def prepare(self, progress: "Progress") -> None:
+        """Work before eval-before and the first step, kept in `progress.extra` across resumes."""
+        ...
+
     def epoch_batches(self, epoch: int) -> list[list[int]]: ...
 
     def train_step(self, batch: list[int]) -> StepResult: ...
@@ -186,3 +192,35 @@ class TrainLoop:
             "seconds": round(p.seconds, 3),
             "trained_tokens": p.trained_tokens,
         }
+
+
+def run_recipe(
+    job: TrainJob,
+    reporter,
+    make_steps: Callable[[torch.nn.Module, torch.device, int], Steps],
+    opening: str,
+    train_rows: int,
+    eval_rows: int,
+    on_checkpoint: Callable[[str], None] | None = None,
+) -> TrainOutcome:
+    """setup (base + adapter, the loop, a resumed checkpoint), `Steps.prepare`, train, then eval
+    and save the adapter under `job.output_prefix`. `opening` is the first event's message."""
+    base = get_base(job.base_id)
+    store = open_object_store(*job.store_spec)
+    device = pick_device(job)
+    model = build_model(job, base, device)
+    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    steps = make_steps(model, device, pad_id)
+    loop = TrainLoop(job, reporter, model, store, on_checkpoint)
+    loop.restore()
+    reporter.event(opening, data={"train_rows": train_rows, "eval_rows": eval_rows, "device": device.type})
+    steps.prepare(loop.progress)
+
+    stopped = loop.run(steps)
+    if stopped is not None:
+        return stopped
+
+    eval_loss = steps.evaluate()
+    for name, data in adapter_files(model, base).items():
+        store.put_bytes(job.output_prefix + name, data)
+    return TrainOutcome("succeeded", loop.result(eval_loss, eval_rows))

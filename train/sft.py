@@ -20,13 +20,11 @@ from collections.abc import Callable
 
 import torch
 
-from catalog.bases import get_base
-from storage.objects import open_object_store
 from train.config import TrainingError, TrainJob, TrainOutcome
 from train.data import eval_batches, length_grouped_batches, pad_batch
-from train.lora import adapter_files, autocast, build_model, pick_device
+from train.loop import StepResult, run_recipe
+from train.lora import autocast
 from train.losses import cross_entropy_sum
-from train.loop import StepResult, TrainLoop
 from train.progress import Reporter
 
 RESULT_KEYS = ("eval_loss_before", "eval_loss", "eval_rows", "eval_source", "train_loss", "steps", "seconds", "trained_tokens")
@@ -41,6 +39,9 @@ class SFTSteps:
     def _batch(self, rows: list[dict]) -> dict[str, torch.Tensor]:
         batch = pad_batch([r["input_ids"] for r in rows], [r["labels"] for r in rows], self.pad_id)
         return {k: v.to(self.device) for k, v in batch.items()}
+
+    def prepare(self, progress) -> None:
+        pass  # nothing precomputed: the loss needs only the adapted model
 
     def epoch_batches(self, epoch: int) -> list[list[int]]:
         return length_grouped_batches(self.lengths, self.job.batch_size, self.job.seed, epoch)
@@ -73,31 +74,13 @@ def train_sft(
     on_checkpoint: Callable[[str], None] | None = None,
 ) -> TrainOutcome:
     """Train on `train_rows` (tokenized chat rows), measure on `eval_rows`; see the module docstring."""
-    # setup
     if job.method_type != "supervised":
         raise ValueError("train_sft runs supervised jobs; DPO jobs go to train.dpo.train_dpo")
     if not train_rows:
         raise TrainingError("context_too_long", "No training row keeps an assistant token within max_seq_length.")
-    base = get_base(job.base_id)
-    store = open_object_store(*job.store_spec)
-    device = pick_device(job)
-    model = build_model(job, base, device)
-    pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    steps = SFTSteps(job, model, device, pad_id, train_rows, eval_rows)
-    loop = TrainLoop(job, reporter, model, store, on_checkpoint)
-    loop.restore()
-    reporter.event(
+    return run_recipe(
+        job, reporter,
+        lambda model, device, pad_id: SFTSteps(job, model, device, pad_id, train_rows, eval_rows),
         f"Training {len(train_rows)} rows for {job.n_epochs} epoch(s), evaluating on {len(eval_rows)} rows ({job.eval_source}).",
-        data={"train_rows": len(train_rows), "eval_rows": len(eval_rows), "device": device.type},
-    )
-
-    # train
-    stopped = loop.run(steps)
-    if stopped is not None:
-        return stopped
-
-    # save
-    eval_loss = steps.evaluate()
-    for name, data in adapter_files(model, base).items():
-        store.put_bytes(job.output_prefix + name, data)
-    return TrainOutcome("succeeded", loop.result(eval_loss, len(eval_rows)))
+        len(train_rows), len(eval_rows), on_checkpoint,
+    )  # fmt: skip
