@@ -27,7 +27,7 @@ import torch
 from merge.errors import MergeError
 from merge.export import readback
 from merge.plan import ShardJob, Target
-from storage.objects import ObjectStore, aligned_buffer, pread_into
+from storage.objects import ObjectStore, aligned_buffer, pread_full
 
 CHUNK = 16 << 20
 ROW_BLOCK = 1 << 20  # fp32 elements of a weight merged at once (4 MiB)
@@ -114,12 +114,8 @@ class _Source:
         return view
 
     def read_into(self, view: memoryview, offset: int) -> None:
-        got = 0
-        while got < len(view):
-            n = pread_into(self.fd, view[got:], offset + got)
-            if n == 0:
-                raise MergeError("merge_source_short", f"The base shard {self.job.path} became shorter while it was read.")
-            got += n
+        if pread_full(self.fd, view, offset) < len(view):
+            raise MergeError("merge_source_short", f"The base shard {self.job.path} became shorter while it was read.")
 
     def chunks(self, start: int, end: int, buf: memoryview) -> Iterator[memoryview]:
         """Bytes [start, end) as views of `buf`, each valid until the next is yielded."""

@@ -143,20 +143,13 @@ class _FileReader:
                     ahead = _done(self._read_at(halves[0], offset) if more else 0)
 
     def _read_at(self, view: memoryview, offset: int) -> int:
-        """Fill `view` from `offset`; fewer bytes only at the end of the file."""
-        got = 0
-        while got < len(view):
-            try:
-                n = pread_into(self._fd, view[got:], offset + got)
-            except OSError as exc:
-                if not (self._direct and exc.errno == errno.EINVAL):
-                    raise
-                self._direct = _set_direct(self._fd, False)  # the buffer is not aligned for this device
-                continue
-            if n == 0:
-                break
-            got += n
-        return got
+        try:
+            return pread_full(self._fd, view, offset)
+        except OSError as exc:
+            if not (self._direct and exc.errno == errno.EINVAL):
+                raise
+            self._direct = _set_direct(self._fd, False)  # the buffer is not aligned for this device
+            return pread_full(self._fd, view, offset)  # positional reads: starting over is safe
 
 
 def _done(value) -> Future:
@@ -168,13 +161,20 @@ def _done(value) -> Future:
 _O_DIRECT = getattr(os, "O_DIRECT", 0)  # Linux; macOS has none
 
 
-def pread_into(fd: int, view: memoryview, offset: int) -> int:
-    """One positional read into `view`; returns the bytes read (0 at the end of the file)."""
-    if hasattr(os, "preadv"):
-        return os.preadv(fd, [view], offset)
-    data = os.pread(fd, len(view), offset)
-    view[: len(data)] = data
-    return len(data)
+def pread_full(fd: int, view: memoryview, offset: int) -> int:
+    """Fill `view` from file offset `offset`; returns the bytes read, fewer only at the end of the file."""
+    got = 0
+    while got < len(view):
+        if hasattr(os, "preadv"):
+            n = os.preadv(fd, [view[got:]], offset + got)
+        else:
+            data = os.pread(fd, len(view) - got, offset + got)
+            n = len(data)
+            view[got : got + n] = data
+        if n == 0:
+            break
+        got += n
+    return got
 
 
 def _set_direct(fd: int, on: bool) -> bool:

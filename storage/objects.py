@@ -14,7 +14,7 @@ from typing import Iterator, Protocol
 from urllib.parse import unquote, urlparse
 
 from storage._keys import ObjectNotFound, check_key, check_prefix
-from storage._local import LocalObjectStore, aligned_buffer, pread_into
+from storage._local import LocalObjectStore, aligned_buffer, pread_full
 from storage._s3 import DEFAULT_PART_SIZE, MIN_PART_SIZE, S3ObjectStore
 
 __all__ = [
@@ -26,7 +26,7 @@ __all__ = [
     "S3ObjectStore",
     "Writer",
     "aligned_buffer",
-    "pread_into",
+    "pread_full",
     "check_key",
     "check_prefix",
     "open_object_store",
