@@ -9,6 +9,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
 import torch
 from peft import LoraConfig, get_peft_model
 from safetensors.torch import load, save
@@ -16,8 +17,9 @@ from transformers import AutoModelForCausalLM
 
 from catalog.bases import BaseModelSpec
 from catalog.model_source import REVISION_MARKER
+from merge.errors import MergeError
 from merge.plan import pinned_path
-from merge.run import ADAPTER_CONFIG, ADAPTER_MODEL, MergeRequest
+from merge.run import ADAPTER_CONFIG, ADAPTER_MODEL, MergeRequest, run_merge
 from storage.objects import open_object_store
 
 
@@ -85,8 +87,20 @@ def sharded_mirror(standin: Path, base: BaseModelSpec, root: Path, cache_root: P
         if p.is_file() and not (target / p.name).exists() and not p.name.startswith(("model", "openft_")):
             shutil.copy(p, target / p.name)
     (target / REVISION_MARKER).write_text(base.revision)
-    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in target.iterdir() if p.name != REVISION_MARKER}
+    pin_digests(target, base, cache_root)
+    return target
+
+
+def pin_digests(mirror: Path, base: BaseModelSpec, cache_root: Path, extra: dict[str, str] | None = None) -> None:
+    """Pin the mirror's files as they are now (plus `extra` entries), as an operator would."""
+    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir() if p.name != REVISION_MARKER}
     pinned = pinned_path(base, cache_root)
     pinned.parent.mkdir(parents=True, exist_ok=True)
-    pinned.write_text(json.dumps({"base": base.id, "revision": base.revision, "files": files}))
-    return target
+    pinned.write_text(json.dumps({"base": base.id, "revision": base.revision, "files": {**files, **(extra or {})}}))
+
+
+def failed_code(req: MergeRequest, store=None) -> str:
+    """The MergeError code `run_merge(req, store)` fails with."""
+    with pytest.raises(MergeError) as err:
+        run_merge(req, store)
+    return err.value.code

@@ -19,12 +19,11 @@ from transformers import AutoModelForCausalLM
 from catalog.bases import get_base
 from catalog.model_source import parse_model_source
 from catalog.standins import MANIFEST, standin_dir
-from merge.errors import MergeError
 from merge.plan import build_plan, pinned_digests
 from merge.run import MergeRequest, _load_adapter, run_merge
 from merge.shard import merge_shard
 from storage.objects import open_object_store
-from tests.merge.builders import Adapter, sharded_mirror, store_request, train_adapter
+from tests.merge.builders import Adapter, failed_code, sharded_mirror, store_request, train_adapter
 from tests.merge.corrupting_store import CorruptingStore
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -168,12 +167,6 @@ def test_small_row_buffers_give_the_same_shard(tmp_path, qwen7b, qwen7b_adapter,
             assert torch.equal(f.get_tensor(name), tensor), name
 
 
-def _failed(req: MergeRequest, store=None) -> str:
-    with pytest.raises(MergeError) as err:
-        run_merge(req, store)
-    return err.value.code
-
-
 def test_corrupted_base_file_is_refused_and_nothing_kept(tmp_path, qwen7b, qwen7b_adapter, model_cache):
     base, standin = qwen7b
     cache_root = tmp_path / "cache"
@@ -184,7 +177,7 @@ def test_corrupted_base_file_is_refused_and_nothing_kept(tmp_path, qwen7b, qwen7
     data[-3] ^= 0x40  # in the last tensor's bytes: the header still parses
     shard.write_bytes(bytes(data))
     req = store_request(tmp_path, base, qwen7b_adapter, model_source="standin", cache_root=cache_root)
-    assert _failed(req) == "merge_base_digest"
+    assert failed_code(req) == "merge_base_digest"
     assert list(open_object_store(*req.store_spec).list("exports/")) == []
 
 
@@ -193,7 +186,7 @@ def test_readback_mismatch_deletes_the_export(tmp_path, qwen7b, qwen7b_adapter, 
     req = store_request(tmp_path, base, qwen7b_adapter, model_source="standin", cache_root=model_cache)
     plain = open_object_store(*req.store_spec)
     corrupting = CorruptingStore(plain.root, plain.url)
-    assert _failed(req, corrupting) == "merge_readback_mismatch"
+    assert failed_code(req, corrupting) == "merge_readback_mismatch"
     assert list(plain.list("exports/")) == []
     assert plain.exists("adapters/a1/adapter_config.json")
 
@@ -201,7 +194,7 @@ def test_readback_mismatch_deletes_the_export(tmp_path, qwen7b, qwen7b_adapter, 
 def test_deadline_stops_the_merge(tmp_path, qwen7b, qwen7b_adapter, model_cache):
     base, _ = qwen7b
     req = store_request(tmp_path, base, qwen7b_adapter, model_source="standin", cache_root=model_cache, deadline_s=1e-6)
-    assert _failed(req) == "merge_timeout"
+    assert failed_code(req) == "merge_timeout"
     assert list(open_object_store(*req.store_spec).list("exports/")) == []
 
 
@@ -212,15 +205,15 @@ def test_base_side_refusals(tmp_path, qwen7b, qwen7b_adapter, model_cache):
     t = {k.replace("layers.1.", "layers.7."): v for k, v in t.items()}
     renamed = qwen7b_adapter.with_tensors(t).with_config(target_modules=["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"])
     req = store_request(tmp_path / "a", base, renamed, model_source="standin", cache_root=model_cache)
-    assert _failed(req) == "merge_base_tensor_missing"
+    assert failed_code(req) == "merge_base_tensor_missing"
     # An fp32 base: its adapted weights are not BF16.
     cache_root = tmp_path / "cache"
     sharded_mirror(standin, base, tmp_path / "mirror", cache_root, dtype=torch.float32)
     req = store_request(tmp_path / "b", base, qwen7b_adapter, model_source=f"dir:{tmp_path / 'mirror'}", cache_root=cache_root)
-    assert _failed(req) == "merge_base_dtype"
+    assert failed_code(req) == "merge_base_dtype"
     # A real base with no pinned digests at all.
     (cache_root / "pinned" / f"{base.id}@{base.revision}.json").unlink()
-    assert _failed(req) == "merge_base_digest"
+    assert failed_code(req) == "merge_base_digest"
 
 
 def test_unreviewed_licence_text_in_the_base_is_refused(tmp_path, qwen7b, qwen7b_adapter, model_cache):
@@ -233,7 +226,7 @@ def test_unreviewed_licence_text_in_the_base_is_refused(tmp_path, qwen7b, qwen7b
     manifest["files"]["LICENSE"] = _sha(copy / "LICENSE")
     (copy / MANIFEST).write_text(json.dumps(manifest))
     req = store_request(tmp_path, base, qwen7b_adapter, model_source="standin", cache_root=cache_root)
-    assert _failed(req) == "merge_licence_digest"
+    assert failed_code(req) == "merge_licence_digest"
 
 
 def test_llama_export_carries_use_policy_and_meta_attribution(tmp_path, model_cache):

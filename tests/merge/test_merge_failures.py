@@ -6,7 +6,6 @@ to write into. Nothing may be left under the export prefix."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import struct
@@ -20,25 +19,19 @@ from safetensors.torch import save_file
 
 from catalog.model_source import parse_model_source
 from merge.errors import MergeError
-from merge.plan import INDEX, build_plan, pinned_digests, pinned_path
-from merge.run import MergeRequest, _load_adapter, run_merge
+from merge.plan import INDEX, build_plan, pinned_digests
+from merge.run import MergeRequest, _load_adapter
 from merge.shard import merge_shard
 from storage.objects import open_object_store
-from tests.merge.builders import sharded_mirror, store_request
+from tests.merge.builders import failed_code, pin_digests, sharded_mirror, store_request
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 
 
-def _repin(mirror: Path, base, cache_root: Path, extra: dict[str, str] | None = None) -> None:
-    files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in mirror.iterdir() if not p.name.startswith(".")}
-    pinned_path(base, cache_root).write_text(json.dumps({"base": base.id, "revision": base.revision, "files": {**files, **(extra or {})}}))
-
-
 def _code(req: MergeRequest) -> str:
-    with pytest.raises(MergeError) as err:
-        run_merge(req)
+    code = failed_code(req)
     assert list(open_object_store(*req.store_spec).list("exports/")) == []
-    return err.value.code
+    return code
 
 
 @pytest.fixture
@@ -68,13 +61,13 @@ def test_unreadable_base_header(mirror, qwen7b):
     target, cache_root, req = mirror
     shard = _shard_of(target, "model.layers.1.self_attn.q_proj.weight")
     shard.write_bytes(struct.pack("<Q", 7) + b"{broken" + shard.read_bytes()[15:])
-    _repin(target, qwen7b[0], cache_root)
+    pin_digests(target, qwen7b[0], cache_root)
     assert _code(req) == "merge_base_header"
 
 
 def test_refused_base_file_name(mirror, qwen7b):
     target, cache_root, req = mirror
-    _repin(target, qwen7b[0], cache_root, extra={"../outside.json": "0" * 64})
+    pin_digests(target, qwen7b[0], cache_root, extra={"../outside.json": "0" * 64})
     assert _code(req) == "merge_base_path"
 
 
@@ -92,7 +85,7 @@ def test_base_weight_in_two_shards(mirror, qwen7b):
     save_file({name: twin, "extra.weight": twin.clone()}, target / "model-extra.safetensors", metadata={"format": "pt"})
     index["weight_map"]["extra.weight"] = "model-extra.safetensors"
     (target / INDEX).write_text(json.dumps(index))
-    _repin(target, qwen7b[0], cache_root)
+    pin_digests(target, qwen7b[0], cache_root)
     assert _code(req) == "merge_base_tensor_duplicate"
 
 
@@ -108,7 +101,7 @@ def test_two_adapted_weights_overlapping_in_a_shard(tmp_path, qwen7b, qwen7b_ada
         v["data_offsets"] = [q["data_offsets"][0] + 2, q["data_offsets"][0] + 2 + size]
 
     _rewrite_header(shard, overlap)
-    _repin(target, base, cache_root)
+    pin_digests(target, base, cache_root)
     req = store_request(tmp_path, base, qwen7b_adapter, model_source=f"dir:{tmp_path / 'mirror'}", cache_root=cache_root)
     assert _code(req) == "merge_target_tensor"
 
