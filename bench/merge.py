@@ -165,11 +165,8 @@ def generate(work: Path, layers: int) -> dict:
 
 
 def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while block := fh.read(16 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+    with path.open("rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def side_ours(work: Path) -> dict:
