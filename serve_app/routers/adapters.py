@@ -5,9 +5,10 @@ signature is the credential; see serve_app/services/merges.py)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import RedirectResponse, StreamingResponse
+from fastapi.responses import RedirectResponse
 
 from serve_app.auth import current_account
+from serve_app.downloads import digest_stream
 from serve_app.schemas.merges import MergedWeights, MergedWeightsDeleted
 from serve_app.services import merges
 from serve_app.services import models as service
@@ -16,14 +17,10 @@ from storage.models import Account
 router = APIRouter(prefix="/gridline", tags=["adapters"])
 
 
-def _media(name: str) -> str:
-    return "application/json" if name.endswith(".json") else "application/octet-stream"
-
-
 @router.get("/adapters/{model}/files/{name}")
 def download_adapter_file(model: str, name: str, request: Request, account: Account = Depends(current_account)):
     sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name)
-    return StreamingResponse(chunks, media_type=_media(name), headers={"x-gridline-sha256": sha256, "content-length": str(size)})
+    return digest_stream(chunks, sha256=sha256, size=size, name=name)
 
 
 @router.post("/adapters/{model}/merged", response_model=MergedWeights)
@@ -52,9 +49,4 @@ def download_merged_file(model: str, path: str, request: Request, account: Accou
 @router.get("/blobs/{token}", name="download_blob")
 def download_blob(token: str, request: Request):
     payload, chunks = merges.open_blob(request.app.state.openft, token)
-    headers = {
-        "x-gridline-sha256": payload["s"],
-        "content-length": str(payload["b"]),
-        "content-disposition": f'attachment; filename="{payload["n"]}"',
-    }
-    return StreamingResponse(chunks, media_type=_media(payload["n"]), headers=headers)
+    return digest_stream(chunks, sha256=payload["s"], size=payload["b"], name=payload["n"], attachment=True)

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from serve_app.auth import current_account
+from serve_app.downloads import digest_stream
+from serve_app.request_body import json_object
 from serve_app.schemas.common import Page
 from serve_app.schemas.files import FileDeleted, FileObject
 from serve_app.services import files as service
-from serve_app.request_body import json_object
 from serve_app.services.distill import distill
 from serve_app.services.files_upload import upload_file
 from storage.models import Account
@@ -52,11 +52,7 @@ def retrieve_file(file_id: str, request: Request, account: Account = Depends(cur
 @router.get("/{file_id}/content")
 def retrieve_file_content(file_id: str, request: Request, account: Account = Depends(current_account)):
     row, chunks = service.file_content(request.app.state.openft, account, file_id)
-    return StreamingResponse(
-        chunks,
-        media_type="application/octet-stream",
-        headers={"x-gridline-sha256": row.sha256, "content-length": str(row.bytes)},
-    )
+    return digest_stream(chunks, sha256=row.sha256, size=row.bytes)
 
 
 @router.delete("/{file_id}", response_model=FileDeleted)

@@ -21,11 +21,11 @@ from serve_app.schemas.fine_tuning import (
     JobError,
     JobGridline,
 )
-from serve_app.services.distill import distill_shortcut
 from serve_app.services.billing import check_create_limits
+from serve_app.services.distill import distill_shortcut
 from serve_app.services.job_params import FileFacts, JobSpec, check_job_files, file_not_found, parse_create_request
-from serve_app.services.quote import quote_job
 from serve_app.services.paging import check_limit
+from serve_app.services.quote import quote_job
 from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo

@@ -31,8 +31,8 @@ from pydantic import BaseModel
 
 from catalog.bases import BaseModelSpec, get_base
 from openft.errors import InvalidRequest
-from serve_app.services.job_params import FileFacts, JobSpec, eval_rows_for
 from openft.pricing import PriceTable
+from serve_app.services.job_params import FileFacts, JobSpec, eval_rows_for
 
 TIME_LIMIT_SECONDS = 7200
 STARTUP_SECONDS = 120
