@@ -30,7 +30,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from openft.ray_runtime import prepare_ray_environment, start_ray  # noqa: E402
+from entrypoints.ray_runtime import prepare_ray_environment, start_ray  # noqa: E402
 from openft.settings import Settings  # noqa: E402
 
 # The service's own Ray start-up (token auth, files under a data dir), prepared before ray's import.

@@ -73,7 +73,29 @@ class Settings(BaseSettings):
     train_num_workers: int = Field(1, description="Ray Train workers per job (data parallel).")
     max_concurrent_runs: int = Field(1, description="Training runs the controller keeps going at once.")
     controller_poll_seconds: float = Field(1.0, description="How often the job controller looks for work.")
-    job_time_limit_seconds: float = Field(7200.0, description="A run longer than this fails with time_limit_exceeded.")
+    train_data_cpus: float = Field(
+        1.0,
+        description="CPUs the controller keeps free beside the Train workers for the Ray Data tasks that feed them; "
+        "a run whose reads find no CPU never steps.",
+    )
+    run_lease_seconds: float = Field(
+        30.0,
+        description="A run's lease on its job, renewed by its heartbeat: a run whose lease lapses this long is lost, "
+        "and its job is queued again from its last checkpoint.",
+    )
+    run_stall_seconds: float = Field(
+        1800.0,
+        description="A run that writes no event or metrics for this long (a hung step, a starved read) is stopped and "
+        "fails training_failed. Covers model download and tokenization, so keep it above the longest silent phase.",
+    )
+    db_outage_seconds: float = Field(
+        120.0, description="How long a run and the controller retry a database that is unreachable before giving up."
+    )
+    job_time_limit_seconds: float = Field(
+        7200.0,
+        description="A job's runs, from each start (model load, tokenization, evals, training) to its end, summed over "
+        "its attempts, must take no longer than this: past it the run is stopped and fails time_limit_exceeded.",
+    )
     capacity_wait_limit_seconds: float = Field(
         86400.0, description="A job that cannot start within this long fails with job_unavailable."
     )

@@ -42,6 +42,7 @@ from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import ModelSource, load_tokenizer
 from openft.errors import InvalidRequest
 from pipelines.render import render_preference_row, render_row
+from storage import keys
 from train.config import TrainingError
 
 IGNORE_INDEX = -100  # label of a context token (PyTorch cross_entropy's ignore_index)
@@ -273,7 +274,7 @@ class TokenizedRef:
 
 
 def tokenized_prefix(file_sha256: str, base: BaseModelSpec, max_seq_length: int, method: str) -> str:
-    return f"tokenized/{file_sha256}/{base.id}@{base.revision}/{method}-{max_seq_length}/"
+    return keys.tokenized(file_sha256, base.id, base.revision, method, max_seq_length)
 
 
 @functools.lru_cache(maxsize=4)

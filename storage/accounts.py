@@ -11,7 +11,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from openft.ids import new_id, org_id
-from storage.models import Account
+from storage.models import Account, AccountLimits
 
 KEY_PREFIX = "sk-openft-"
 
@@ -53,3 +53,12 @@ def get_account_by_name(session: Session, name: str) -> Account | None:
 
 def set_open_jobs_limit(session: Session, account: Account, limit: int) -> None:
     account.open_jobs_limit = limit
+
+
+def limits_row(session: Session, account_id: str) -> AccountLimits:
+    """The account's operator-set limits row, created empty on first use (jobs/limits.py reads it)."""
+    row = session.get(AccountLimits, account_id)
+    if row is None:
+        row = AccountLimits(account_id=account_id, open_jobs_set=False)
+        session.add(row)
+    return row

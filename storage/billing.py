@@ -1,8 +1,10 @@
 """The credit ledger and the per-token charge: holds when a job starts, the charge when it ends.
 
-Where it sits: the job controller calls `hold_for_start` in the transaction that moves a job to
-`running` (billing on); `storage.job_lifecycle.finish` calls `settle` in the transaction that ends
-any job, so the charge and the end status commit together. The admin API and the CLI deposit.
+Money only: whether a job's most can be held, the hold, and the settlement. Where it sits: the
+job's `start` transition (jobs/transitions.py) calls `hold` in the transaction that moves a job to
+`running` (billing on) and decides what a refusal does; `finish` calls `settle` in the transaction
+that ends any job, so the charge and the end status commit together. The admin API and the CLI
+deposit. The limits built on these sums (USD per day, models) live in jobs/limits.py.
 
 Money is integer cents. The ledger is append-only; every entry's `amount_cents` is its effect on
 the available credit, so available = the sum of all entries and balance = the sum of deposits,
@@ -24,8 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.jobs import OPEN_STATUSES
-from storage.models import Account, AccountLimits, FineTunedModel, Job, LedgerEntry
+from storage.models import Account, Job, LedgerEntry
 
 USER_SIDE_FAILURES = frozenset({"adapter_quota_exceeded"})
 MONEY_KINDS = ("deposit", "refund", "charge")
@@ -92,35 +93,13 @@ def charged_cents(session: Session, account_id: str) -> int:
 
 
 def deposit(
-    session: Session, account: Account, cents: int, now: int, *, established_open_jobs: int,
-    note: str | None = None, key: str | None = None,
+    session: Session, account: Account, cents: int, now: int, *, note: str | None = None, key: str | None = None,
 ) -> LedgerEntry | None:
-    """Add credit. An account's first deposit makes it an established one: its open-job limit
-    rises to `established_open_jobs` unless an operator set the limit explicitly."""
+    """Add credit; None when `key` was deposited already. What a first deposit does to the account's
+    limits is jobs/limits.py's `on_deposit`."""
     if cents <= 0:
         raise ValueError("a deposit must be positive")
-    entry = add_entry(session, account.id, "deposit", cents, now, key=key, note=note)
-    limits = session.get(AccountLimits, account.id)
-    if entry is not None and not (limits and limits.open_jobs_set):
-        account.open_jobs_limit = max(account.open_jobs_limit, established_open_jobs)
-    return entry
-
-
-def limits_row(session: Session, account_id: str) -> AccountLimits:
-    row = session.get(AccountLimits, account_id)
-    if row is None:
-        row = AccountLimits(account_id=account_id, open_jobs_set=False)
-        session.add(row)
-    return row
-
-
-def models_in_use(session: Session, account_id: str) -> int:
-    """Stored models plus open jobs: each open job reserves a model slot until it ends."""
-    models = session.scalar(select(func.count()).select_from(FineTunedModel).where(
-        FineTunedModel.account_id == account_id, FineTunedModel.deleted_at.is_(None)))
-    jobs = session.scalar(select(func.count()).select_from(Job).where(
-        Job.account_id == account_id, Job.status.in_(OPEN_STATUSES)))
-    return models + jobs
+    return add_entry(session, account.id, "deposit", cents, now, key=key, note=note)
 
 
 def quote_cents(job: Job, field: str) -> int:
@@ -128,39 +107,25 @@ def quote_cents(job: Job, field: str) -> int:
     return int((Decimal(str(job.quote["per_token"][field])) * 100).to_integral_value(ROUND_HALF_UP))
 
 
-def committed_cents(session: Session, account_id: str, start: int, end: int) -> int:
-    """What jobs created in [start, end) commit: an open job its most, an ended one its charge."""
-    total = 0
-    for job in session.scalars(select(Job).where(
-            Job.account_id == account_id, Job.created_at >= start, Job.created_at < end)):
-        if job.status in OPEN_STATUSES:
-            total += quote_cents(job, "max_charge_usd")
-        elif job.charge:
-            total += job.charge["cents"]
-    return total
-
-
-def hold_for_start(session: Session, job: Job, now: int) -> bool:
-    """Hold the job's most (`max_charge_usd`) before it runs. A job the account's available
-    credit cannot fund fails `insufficient_quota` here and False is returned. A job that holds
-    already (requeued after a lost run, resumed) keeps its one hold."""
-    from storage.job_lifecycle import finish, lock_account  # job_lifecycle imports this module
-
-    lock_account(session, job.account_id)
+def hold(session: Session, job: Job, now: int) -> bool:
+    """Hold the job's most (`max_charge_usd`) from the account's available credit. True when held
+    (or held already: a requeued or resumed job keeps its one hold); False when the credit cannot
+    fund it, and then nothing is written. The caller holds the account's lock and decides what a
+    refusal does to the job (jobs/transitions.py `start`)."""
     if _has_key(session, f"hold:{job.id}"):
         return True
     need = quote_cents(job, "max_charge_usd")
-    available = credit(session, job.account_id).available_cents
-    if available < need:
-        finish(session, job, "failed", now, error={
-            "code": "insufficient_quota", "param": None,
-            "message": f"Not enough credit to start the job: it can cost up to {to_usd(need):.2f} USD and "
-                       f"{to_usd(max(available, 0)):.2f} USD is available. Nothing ran. Add credit and create the "
-                       "job again.",
-        })
+    if credit(session, job.account_id).available_cents < need:
         return False
     add_entry(session, job.account_id, "hold", -need, now, job_id=job.id, key=f"hold:{job.id}")
     return True
+
+
+def shortfall_message(session: Session, job: Job) -> str:
+    need = quote_cents(job, "max_charge_usd")
+    available = credit(session, job.account_id).available_cents
+    return (f"Not enough credit to start the job: it can cost up to {to_usd(need):.2f} USD and "
+            f"{to_usd(max(available, 0)):.2f} USD is available. Nothing ran. Add credit and create the job again.")
 
 
 def charge_for(status: str, error_code: str | None, trained_tokens: int | None, per_token: dict) -> tuple[int, str]:

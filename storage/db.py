@@ -6,16 +6,29 @@ by default, PostgreSQL by URL. The schema is created and upgraded by Alembic (`s
 
 from __future__ import annotations
 
+import logging
+import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, TypeVar
 
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+log = logging.getLogger("openft.db")
+T = TypeVar("T")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure that a retry can cure: the server restarted or a connection dropped (PostgreSQL),
+    or the file is locked past the busy timeout (SQLite). Constraint and programming errors are not."""
+    if isinstance(exc, sa_exc.DBAPIError) and exc.connection_invalidated:
+        return True
+    return isinstance(exc, (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.TimeoutError))
 
 
 def make_engine(url: str) -> Engine:
@@ -71,6 +84,20 @@ class Database:
         with self._sessions() as s:
             with s.begin():
                 yield s
+
+    def retrying(self, work: Callable[[], T], *, budget_s: float, what: str) -> T:
+        """Run `work` (which opens its own sessions), retrying transient failures with backoff for up to
+        `budget_s`: a database restart mid-run is ridden through instead of failing the job."""
+        deadline, delay = time.monotonic() + budget_s, 0.2
+        while True:
+            try:
+                return work()
+            except Exception as exc:
+                if not is_transient(exc) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("%s: database unavailable (%s), retrying in %.1f s", what, type(exc).__name__, delay)
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def dispose(self) -> None:
         self.engine.dispose()

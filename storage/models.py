@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -92,6 +92,17 @@ class Job(Base):
     charge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # When the reaper deleted the run's copies (tokenized shards it alone used, checkpoints).
     copies_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The run driving the job (jobs/transitions.py): set when a run starts, renewed by its heartbeat,
+    # cleared when it stops. A lease that expires is a lost run, whatever its status says.
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The last time the run wrote an event or metrics: the stall watchdog reads it.
+    progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # When the job entered its current wait (validating_files or queued): the 24-hour wait counts from here.
+    waiting_since: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # Start of the current run, and the active seconds of the job's earlier runs: the time limit covers both.
+    run_started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
 
 
 class JobEvent(Base):
@@ -210,3 +221,12 @@ class TokenizedReap(Base):
 
     sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
     started_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class SchedulerLock(Base):
+    """One row: a scheduling pass holds its lock, so two controllers on one database never start
+    runs past the concurrency cap together. Lock order: this row, then an account, then its jobs."""
+
+    __tablename__ = "scheduler_lock"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)

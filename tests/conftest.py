@@ -15,7 +15,7 @@ from pathlib import Path
 import openai
 import pytest
 
-from openft.ray_runtime import prepare_ray_environment
+from entrypoints.ray_runtime import prepare_ray_environment
 from openft.settings import Settings
 
 # Short and outside pytest's deep tmp paths: Ray keeps unix sockets under it. Prepared at import,
@@ -74,7 +74,7 @@ def seaweed(session_dir: Path):
 def ray_cluster(session_dir: Path, seaweed):
     import ray
 
-    from openft.ray_runtime import start_ray
+    from entrypoints.ray_runtime import start_ray
 
     start_ray(RAY_SETTINGS, dashboard=False, num_cpus=2)
     yield ray
@@ -134,7 +134,7 @@ def serve_port(ray_cluster) -> int:
 
 
 def _deploy(name: str, settings: Settings, port: int) -> Api:
-    from openft.ray_runtime import deploy_api
+    from entrypoints.ray_runtime import deploy_api
 
     base_url = deploy_api(settings, host="127.0.0.1", port=port, name=name, route_prefix=f"/{name}")
     return Api(name=name, settings=settings, base_url=base_url)

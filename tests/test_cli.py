@@ -14,7 +14,7 @@ import openai
 
 from tests.conftest import free_port
 
-OPENFT = [sys.executable, "-m", "openft.cli"]
+OPENFT = [sys.executable, "-m", "entrypoints.cli"]
 
 
 def _env() -> dict[str, str]:

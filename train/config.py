@@ -72,6 +72,10 @@ class TrainJob:
     resume: bool  # continue from the latest checkpoint under checkpoint_prefix
     device: str = "auto"  # auto: cuda when available
     time_limit_s: float = 7200
+    # Wall-clock time (unix seconds) by which the job's time limit runs out, counted by the controller
+    # from the run's start (model load, tokenization and evals included) over every attempt; None: no
+    # deadline beyond `time_limit_s` of training.
+    deadline: float | None = None
 
     def __post_init__(self) -> None:
         if self.method_type not in METHOD_TYPES:

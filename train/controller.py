@@ -1,11 +1,22 @@
-"""The job controller: a long-lived Ray actor that moves jobs from `queued` to their end.
+"""The job controller: a Ray actor that moves started jobs to their end and cannot lose one.
 
-It holds no state a restart would lose: each pass reads the DB, starts runs for queued jobs
-(one per account, at most `max_concurrent_runs`, only when the cluster has a worker's resources
-free), and a thread per run drives tokenization (Ray Data), training (Ray Train) and adapter
-registration. On start it reconciles: a job the DB says is `running` but no run of this
-controller drives was lost with its driver, so it is requeued once to resume from its last
-checkpoint, then failed `platform_interrupted`.
+Where it sits: `openft serve` starts it (`start_controller`); each pass calls the database passes
+in jobs/scheduling.py (reconcile lost runs, expire waits, start runs under the cap and the
+cluster's capacity) and then drives every run it started on a thread of its own. It holds no state
+a restart would lose: what it drives is what holds a lease in its name, and a lease it stops
+renewing expires and is reconciled by whichever controller runs next.
+
+A run's thread launches the attempt as a Ray task (train/attempt.py) and supervises it: it renews
+the lease (the heartbeat), and stops the task when the lease is no longer its own, when the job's
+time limit has run out (counted from the run's start, over every attempt), or when the run has
+written nothing for `run_stall_seconds`. Then it registers the adapter (train/registration.py) or
+records the run's end, each a compare-and-set that proves the lease (jobs/transitions.py). Every
+write rides through a database outage for `db_outage_seconds`; past that the thread gives up and
+the lease, no longer renewed, hands the job to reconciliation: never `running` with nothing
+driving it.
+
+The actor restarts itself after a crash (`max_restarts=-1`) and starts its loop in `__init__`, so
+a restarted actor schedules again at once; `openft serve` re-creates it if it is gone.
 """
 
 from __future__ import annotations
@@ -13,108 +24,64 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from functools import partial
+import uuid
 
 from sqlalchemy import select
 
-from catalog.bases import get_base
-from catalog.model_source import parse_model_source
+from jobs import scheduling, transitions
+from jobs.spec import JobSpec
 from merge.worker import run_pending_merges
 from openft.settings import Settings
-from storage import billing
 from storage import jobs as jobs_repo
+from storage import keys
 from storage.db import Database
-from storage.job_lifecycle import finish, lock_account, promote_waiting
 from storage.models import File, Job
 from storage.objects import open_object_store
-from train.config import TrainingError, TrainJob
-from train.db_reporter import DBReporter
+from train.attempt import AttemptResult, FileRef, RayRuns, RunTicket
 from train.registration import RegistrationError, register
 
 log = logging.getLogger("openft.controller")
-MAX_ATTEMPTS = 2  # the first run and one retry from the last checkpoint
+STOP_GRACE_S = 30  # past the deadline, the run's own time check has had this long to fail it cleanly
 
 
-def _error(code: str, message: str) -> dict:
-    return {"code": code, "message": message, "param": None}
-
-
-def _locked_job(session, job_id: str) -> Job | None:
-    """The job's row under the locks the API's cancel takes (account, then job), so that checking its
-    status and changing it is one step: on PostgreSQL a cancel could otherwise land in between and be
-    overwritten (a cancelled job registered, or failed)."""
-    account_id = session.scalar(select(Job.account_id).where(Job.id == job_id))
-    if account_id is None:
-        return None
-    lock_account(session, account_id)
-    return session.scalar(select(Job).where(Job.id == job_id).with_for_update())
+class LeaseLost(Exception):
+    """The run's lease is held by another run now: stop and write nothing."""
 
 
 class JobController:
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: Settings, *, runs=None, loop: bool = False):
         self.settings = settings
         self.db = Database(settings.resolved_database_url())
         self.store = open_object_store(
             settings.resolved_storage_url(), s3_endpoint_url=settings.s3_endpoint_url, s3_region=settings.s3_region
         )
-        self.runs: dict[str, threading.Thread] = {}
+        self.executor = runs or RayRuns()
+        self.id = f"ctl-{uuid.uuid4().hex[:12]}"
+        self.runs: dict[str, tuple[str, threading.Thread]] = {}  # job id -> (lease token, thread)
         self._stop = threading.Event()
-        self._lock = threading.Lock()
         self.reconcile()
+        if loop:
+            threading.Thread(target=self.run_forever, name="controller-loop", daemon=True).start()
 
     # -- passes ---------------------------------------------------------------------------
     def reconcile(self) -> list[str]:
-        """Requeue (or fail) `running` jobs that no run of this controller drives."""
-        now = int(time.time())
-        touched = []
-        with self.db.session() as session:
-            for job in session.scalars(select(Job).where(Job.status == "running")):
-                if job.id in self.runs:
-                    continue
-                touched.append(job.id)
-                if job.attempts >= MAX_ATTEMPTS:
-                    finish(session, job, "failed", now, error=_error(
-                        "platform_interrupted", "The worker running the job was lost and the job is not restarted."))
-                else:
-                    job.status, job.updated_at = "queued", now
-                    jobs_repo.add_event(session, job.id, now, "The run was lost with its controller; the job is "
-                                        "queued again and resumes from its last checkpoint.", level="warn")
-        return touched
+        """Requeue (or fail) every run that nothing drives any more, this controller's dead ones included."""
+        self._reap_threads()
+        return scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
 
     def tick(self) -> list[str]:
         """One scheduling pass; returns the ids of the jobs it started."""
         now = int(time.time())
-        self._reap_threads()
-        started = []
-        with self.db.session() as session:
-            self._expire_waiting(session, now)
-            queued = session.scalars(select(Job).where(Job.status == "queued").order_by(Job.created_ns)).all()
-            running_accounts = {
-                j.account_id for j in session.scalars(select(Job).where(Job.status == "running")).all()
-            }
-            for job in queued:
-                if len(self.runs) >= self.settings.max_concurrent_runs or not self._capacity():
-                    if job.reason != "gridline_capacity":
-                        job.reason = "gridline_capacity"
-                        jobs_repo.add_event(session, job.id, now, "Waiting for a training worker to become free.")
-                    continue
-                if job.account_id in running_accounts or job.id in self.runs:
-                    continue
-                # Billing: hold the job's most before it runs, or fail it insufficient_quota (storage/billing.py).
-                if self.settings.billing_enabled and not billing.hold_for_start(session, job, now):
-                    continue
-                job.status, job.reason, job.control, job.updated_at = "running", None, None, now
-                job.started_at = job.started_at or now
-                job.attempts += 1
-                running_accounts.add(job.account_id)
-                jobs_repo.add_event(session, job.id, now, "Fine-tuning job started.")
-                started.append(job.id)
-        for job_id in started:
-            thread = threading.Thread(target=self._run_guarded, args=(job_id,), name=f"run-{job_id}", daemon=True)
-            self.runs[job_id] = thread
+        self.reconcile()
+        scheduling.expire_waiting(self.db, now, self.settings.capacity_wait_limit_seconds)
+        started = scheduling.start_runs(self.db, now, settings=self.settings, fit=self._fit(),
+                                        new_owner=lambda: f"{self.id}.{uuid.uuid4().hex[:12]}")
+        for run in started:
+            thread = threading.Thread(target=self._drive, args=(run,), name=f"run-{run.job_id}", daemon=True)
+            self.runs[run.job_id] = (run.owner, thread)
             thread.start()
         run_pending_merges(self.settings, self.db, self.store, now=now, background=True)
-        return started
+        return [run.job_id for run in started]
 
     def run_forever(self) -> None:
         while not self._stop.is_set():
@@ -131,138 +98,153 @@ class JobController:
         self._reap_threads()
         return sorted(self.runs)
 
+    def controller_id(self) -> str:
+        return self.id
+
     # -- helpers --------------------------------------------------------------------------
+    def _alive(self) -> set[str]:
+        return {owner for owner, thread in self.runs.values() if thread.is_alive()}
+
     def _reap_threads(self) -> None:
-        for job_id, thread in list(self.runs.items()):
+        for job_id, (_, thread) in list(self.runs.items()):
             if not thread.is_alive():
                 self.runs.pop(job_id, None)
 
-    def _capacity(self) -> bool:
+    def _fit(self) -> float:
+        """Runs the cluster holds at once: its total resources, less the CPUs kept for Ray Data."""
         import ray
 
-        free = ray.available_resources()
-        need = self.settings.train_worker_resources
-        return all(free.get(k, 0.0) >= v * self.settings.train_num_workers for k, v in need.items())
+        need = scheduling.run_need(self.settings)
+        reserve = {"CPU": self.settings.train_data_cpus} if "CPU" in need else {}
+        return scheduling.runs_that_fit(ray.cluster_resources(), need, reserve)
 
-    def _expire_waiting(self, session, now: int) -> None:
-        limit = now - int(self.settings.capacity_wait_limit_seconds)
-        stale = session.scalars(
-            select(Job).where(Job.status.in_(("validating_files", "queued")), Job.created_at <= limit)
-        ).all()
-        for job in stale:
-            finish(session, job, "failed", now, error=_error(
-                "job_unavailable", "No capacity became free for this job within 24 hours. Nothing ran and nothing "
-                "was charged."))
-        for account_id in {j.account_id for j in stale}:
-            promote_waiting(session, account_id, now)
+    def _write(self, work, what: str):
+        return self.db.retrying(work, budget_s=self.settings.db_outage_seconds, what=what)
 
     # -- one run --------------------------------------------------------------------------
-    def _run_guarded(self, job_id: str) -> None:
+    def _drive(self, run: scheduling.Started) -> None:
         try:
-            self._run(job_id)
-        except TrainingError as exc:
-            self._fail(job_id, exc.code, exc.message)
+            ticket = self._ticket(run)
+            result = self._supervise(run, ticket)
+            self.conclude(run, ticket.spec.method_type, result)
+        except LeaseLost:
+            log.info("run %s of %s stopped: its lease is held by another run", run.owner, run.job_id)
         except Exception as exc:
-            log.error("job %s failed: %s", job_id, type(exc).__name__)
-            self._fail(job_id, "training_failed", "Training failed for another reason.")
-
-    def _fail(self, job_id: str, code: str, message: str) -> None:
-        now = int(time.time())
-        with self.db.session() as session:
-            job = _locked_job(session, job_id)
-            if job is not None and job.status not in jobs_repo.ENDED_STATUSES:
-                job.control = None
-                finish(session, job, "failed", now, error=_error(code, message))
-
-    def _run(self, job_id: str) -> None:
-        from pipelines.tokenize import build_tokenized
-        from storage.tokenized_reaps import wait_while_marked
-        from train.launcher import run_training
-
-        settings = self.settings
-        with self.db.session() as session:
-            job = session.get(Job, job_id)
-            spec, attempt = dict(job.spec), job.attempts
-            files = {f.id: (f.object_key, f.sha256) for f in session.scalars(
-                select(File).where(File.id.in_([job.training_file, job.validation_file or ""])))}
-            training = files[job.training_file]
-            validation = files.get(job.validation_file) if job.validation_file else None
-        base = get_base(spec["model"])
-        source = parse_model_source(settings.model_source)
-        method = spec["method_type"]
-
-        def tokenized(key_sha):
-            wait_while_marked(self.db, key_sha[1])  # the reaper may be deleting these bytes' shards
-            return build_tokenized(
-                self.store.spec(), key_sha[0], key_sha[1], base.id, source, settings.model_cache_dir,
-                spec["max_seq_length"], method,
-            )
-
-        train_ref = tokenized(training)
-        eval_ref = tokenized(validation) if validation else None
-        reporter = DBReporter(settings, job_id)
-        reporter.event("Loss-mask report: what trains and what stays context.", data=train_ref.report)
-        run_prefix = f"runs/{job_id}/"
-        checkpoint_prefix = f"{run_prefix}checkpoints/"
-        train_job = TrainJob(
-            job_id=job_id, run_name=f"{job_id}-a{attempt}-{int(time.time())}", base_id=base.id,
-            method_type=method, adapter=spec["adapter"], n_epochs=spec["n_epochs"], batch_size=spec["batch_size"],
-            learning_rate=spec["learning_rate"], lora_rank=spec["lora_rank"], lora_alpha=spec["lora_alpha"],
-            max_seq_length=spec["max_seq_length"], beta=spec.get("beta"), seed=spec["seed"],
-            model_source=settings.model_source, cache_root=str(settings.model_cache_dir), store_spec=self.store.spec(),
-            train_prefix=train_ref.prefix, eval_prefix=eval_ref.prefix if eval_ref else None,
-            eval_source="validation_file" if eval_ref else "holdout", output_prefix=f"{run_prefix}adapter/",
-            checkpoint_prefix=checkpoint_prefix, resume=any(True for _ in self.store.list(checkpoint_prefix)),
-            device="cuda" if settings.train_use_gpu else "cpu", time_limit_s=settings.job_time_limit_seconds,
-        )
-        outcome = run_training(
-            train_job, partial(DBReporter, settings, job_id), num_workers=settings.train_num_workers,
-            use_gpu=settings.train_use_gpu, resources_per_worker=dict(settings.train_worker_resources),
-            storage_path=str(settings.data_dir.resolve() / "train_runs"),
-        )
-        if outcome.status == "failed":
-            raise outcome.error or TrainingError("training_failed", "Training failed for another reason.")
-        if outcome.status != "succeeded":  # paused or cancelled: the API already set the status
-            with self.db.session() as session:
-                job = _locked_job(session, job_id)
-                if job.control in ("pause", "cancel"):
-                    job.control = None
-                if outcome.status == "paused":
-                    job.attempts -= 1  # a pause is not a lost run: the resumed run keeps its retry
-                    if job.status == "paused":
-                        jobs_repo.add_event(session, job_id, int(time.time()), "Checkpoint saved; job paused.")
-            return
-        self._register(job_id, outcome.result or {}, train_ref.report, f"{run_prefix}adapter")
-
-    def _register(self, job_id: str, result: dict, report: dict, adapter_prefix: str) -> None:
-        now = int(time.time())
-        with self.db.session() as session:
-            job = _locked_job(session, job_id)
-            if job.status == "queued" and job.control is None:
-                # Paused and resumed before the run saw the pause: the run never stopped, so its
-                # finished adapter stands instead of a restart from the last checkpoint.
-                job.status = "running"
-            if job.status != "running":  # cancelled (or paused) while the last step ran: register nothing
-                return
-            job.control = "registering"
-        metrics_rows = self._metrics_rows(job_id)
-        with self.db.session() as session:
-            job = session.get(Job, job_id)
+            log.error("run of %s failed: %s", run.job_id, type(exc).__name__)
             try:
-                register(session, self.store, job, adapter_prefix=adapter_prefix, now=now, metrics_rows=metrics_rows,
-                         retention_days=self.settings.file_retention_days,
-                         default_models_limit=self.settings.models_per_account)
-            except RegistrationError as exc:
-                job.control = None
-                job.result = {**result, "loss_mask": report}
-                job.trained_tokens = result.get("trained_tokens")
-                finish(session, job, "failed", now, error=_error(exc.code, exc.message))
-                return
-            job.control = None
-            job.result = {**result, "loss_mask": report}
-            job.trained_tokens = result.get("trained_tokens")
-            jobs_repo.add_event(session, job_id, now, "Training finished.", type="metrics", data=job.result)
-            finish(session, job, "succeeded", now, message="The job has successfully completed.")
+                self._end(run, AttemptResult("failed", error_code="training_failed",
+                                             error_message="Training failed for another reason."))
+            except Exception as again:  # the lease lapses and reconciliation takes the job
+                log.error("run of %s could not record its end: %s", run.job_id, type(again).__name__)
+
+    def _ticket(self, run: scheduling.Started) -> RunTicket:
+        def read():
+            with self.db.session() as session:
+                job = session.get(Job, run.job_id)
+                if job is None or job.lease_owner != run.owner:
+                    raise LeaseLost()
+                files = {f.id: FileRef(f.object_key, f.sha256) for f in session.scalars(
+                    select(File).where(File.id.in_([job.training_file, job.validation_file or ""])))}
+                budget = self.settings.job_time_limit_seconds - (job.run_seconds or 0.0)
+                return RunTicket(
+                    job_id=job.id, owner=run.owner, attempt=run.attempt, spec=JobSpec.from_record(job.spec),
+                    training=files[job.training_file],
+                    validation=files[job.validation_file] if job.validation_file else None,
+                    settings=self.settings, deadline=(job.run_started_at or time.time()) + budget,
+                    resume=any(True for _ in self.store.list(keys.checkpoints(job.id))),
+                )
+
+        return self._write(read, "read the run")
+
+    def _supervise(self, run: scheduling.Started, ticket: RunTicket) -> AttemptResult:
+        settings = self.settings
+        handle = self.executor.launch(ticket)
+        renew_every = max(settings.run_lease_seconds / 3, 0.2)
+        renewed = progress = time.time()
+        while True:
+            result = handle.wait(timeout=min(renew_every, 1.0))
+            if result is not None:
+                return result
+            now = time.time()
+            if self._stop.is_set():
+                handle.abort()
+                raise LeaseLost()  # a stopping controller leaves the job to the next one's reconcile
+            if now - renewed >= renew_every:
+                try:
+                    seen = self._renew(run, int(now))
+                except Exception as exc:  # the database is down: keep training, renew when it is back
+                    log.warning("lease renewal of %s failed: %s", run.job_id, type(exc).__name__)
+                else:
+                    if seen is None:
+                        handle.abort()
+                        raise LeaseLost()
+                    renewed, progress = now, max(progress, seen)
+            if now > ticket.deadline + STOP_GRACE_S:
+                handle.abort()
+                return AttemptResult("failed", error_code="time_limit_exceeded", error_message=(
+                    f"The job did not finish within its {settings.job_time_limit_seconds:.0f} s time limit, counted "
+                    "from the start of each run; the run was stopped."))
+            if now - progress > settings.run_stall_seconds:
+                handle.abort()
+                return AttemptResult("failed", error_code="training_failed", error_message=(
+                    f"The run made no progress for {settings.run_stall_seconds:.0f} s and was stopped."))
+
+    def _renew(self, run: scheduling.Started, now: int) -> int | None:
+        with self.db.session() as session:
+            return transitions.renew(session, run.job_id, run.owner, now, int(self.settings.run_lease_seconds))
+
+    def conclude(self, run: scheduling.Started, method_type: str, result: AttemptResult) -> None:
+        """Record how a run ended: register its adapter, or its failure, pause or cancel. Raises
+        LeaseLost when the run no longer owns the job (then nothing is written)."""
+        if result.status != "succeeded":
+            self._end(run, result)
+            return
+        now = int(time.time())
+
+        def begin():
+            with self.db.session() as session:
+                return transitions.begin_registering(session, run.job_id, run.owner, now)
+
+        moved = self._write(begin, "begin registering")
+        if not moved.ok:
+            if moved.status is None:
+                raise LeaseLost()
+            return  # cancelled or paused while the last step ran: register nothing
+        metrics_rows = self._write(lambda: self._metrics_rows(run.job_id), "read metrics")
+        result_row = {**(result.result or {}), "loss_mask": result.loss_mask}
+
+        def finish():
+            with self.db.session() as session:
+                job = transitions.owned(session, run.job_id, run.owner)
+                if job is None:
+                    raise LeaseLost()
+                job.result = result_row
+                job.trained_tokens = (result.result or {}).get("trained_tokens")
+                try:
+                    register(session, self.store, job, method_type=method_type, adapter_prefix=keys.adapter(job.id).rstrip("/"), now=now,
+                             metrics_rows=metrics_rows, retention_days=self.settings.file_retention_days,
+                             default_models_limit=self.settings.models_per_account)
+                except RegistrationError as exc:
+                    transitions.run_refused(session, job, run.owner, now, exc.code, exc.message)
+                    return
+                jobs_repo.add_event(session, job.id, now, "Training finished.", type="metrics", data=job.result)
+                transitions.run_succeeded(session, job, run.owner, now)
+
+        self._write(finish, "register")
+
+    def _end(self, run: scheduling.Started, result: AttemptResult) -> None:
+        """Record a run that stopped without an adapter to register."""
+        now = int(time.time())
+
+        def work():
+            with self.db.session() as session:
+                if result.status == "failed":
+                    return transitions.run_failed(session, run.job_id, run.owner, now, result.error_code or
+                                                  "training_failed", result.error_message or "Training failed.")
+                return transitions.run_ended(session, run.job_id, run.owner, now, paused=result.status == "paused")
+
+        if self._write(work, "end the run").status is None:
+            raise LeaseLost()
 
     def _metrics_rows(self, job_id: str) -> list[dict]:
         with self.db.session() as session:
@@ -277,11 +259,24 @@ class JobController:
             return out
 
 
-def start_controller(settings: Settings, *, name: str = "openft-controller"):
-    """Start the controller as a Ray actor running its scheduling loop; returns the handle."""
+CONTROLLER_NAME = "openft-controller"
+
+
+def start_controller(settings: Settings, *, name: str = CONTROLLER_NAME):
+    """Start the controller actor (it schedules from its constructor on); returns the handle.
+    Ray restarts it after a crash, and a restarted one reconciles and schedules at once."""
     import ray
 
-    actor_cls = ray.remote(num_cpus=0, max_concurrency=16)(JobController)
-    handle = actor_cls.options(name=name, get_if_exists=False).remote(settings)
-    handle.run_forever.remote()
-    return handle
+    actor_cls = ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1)(JobController)
+    return actor_cls.options(name=name, get_if_exists=False).remote(settings, loop=True)
+
+
+def ensure_controller(settings: Settings, *, name: str = CONTROLLER_NAME):
+    """The controller actor, re-created if it is gone (`openft serve` checks this periodically)."""
+    import ray
+
+    try:
+        return ray.get_actor(name)
+    except ValueError:
+        log.warning("the job controller is gone; starting a new one")
+        return start_controller(settings, name=name)

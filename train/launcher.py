@@ -13,7 +13,8 @@ Decisions:
   Train as a small pointer checkpoint, so that `FailureConfig(max_failures=1)` restarts a lost
   worker with `ray.train.get_checkpoint()` set: the restarted worker reports "worker lost,
   retrying from checkpoint" and resumes from the store. A worker lost before its first checkpoint
-  restarts from the beginning.
+  restarts from the beginning. A worker lost again (a process or node that died, not code that
+  raised) ends the run `platform_interrupted`; code that raised twice is `training_failed`.
 - A `TrainingError` (a job fault: context too long, time limit, ...) is returned as a failed
   outcome, not raised, so Ray Train does not retry something that would fail the same way.
   Any other exception is retried once and then becomes `training_failed`.
@@ -126,11 +127,32 @@ def run_training(
     try:
         result = trainer.fit()
     except ray.train.TrainingFailedError as exc:
+        if worker_lost(exc):
+            return TrainOutcome("failed", error=TrainingError(
+                "platform_interrupted", "The worker running the job was lost twice and the job is not restarted."))
         # The worker's exception text is not passed on: it could quote a row.
         return TrainOutcome("failed", error=TrainingError("training_failed", f"Training failed twice ({_cause(exc)})."))
     out = result.return_value
     error = TrainingError(**out["error"]) if out["error"] else None
     return TrainOutcome(out["status"], out["result"], error)
+
+
+def worker_lost(exc: BaseException) -> bool:
+    """Whether Ray Train gave up because a worker process or its node died (not because the
+    training code raised): the reference's `platform_interrupted`."""
+    from ray.exceptions import ActorDiedError, NodeDiedError, RayActorError, WorkerCrashedError
+
+    lost = (RayActorError, ActorDiedError, WorkerCrashedError, NodeDiedError)
+    failures = list(getattr(exc, "worker_failures", {}).values())
+    if not failures and getattr(exc, "controller_failure", None) is not None:
+        failures = [exc.controller_failure]
+    for failure in failures or [exc]:
+        cause = failure
+        while cause is not None:
+            if isinstance(cause, lost):
+                return True
+            cause = cause.__cause__
+    return False
 
 
 def _cause(exc: BaseException) -> str:

@@ -66,6 +66,13 @@ class Progress:
     extra: dict = field(default_factory=dict)  # recipe state that must survive a resume (DPO reference log-probs)
 
 
+def check_time(job: TrainJob, trained_s: float, where: str) -> None:
+    """The job's time limit: `time_limit_s` of training in this session and its earlier ones, and
+    the controller's deadline, which also counts model load, tokenization and evals."""
+    if trained_s > job.time_limit_s or (job.deadline is not None and time.time() > job.deadline):
+        raise TrainingError("time_limit_exceeded", f"Training did not finish within {job.time_limit_s:.0f} s{where}.")
+
+
 def learning_rate(step: int, total_steps: int, peak: float) -> float:
     warmup = max(1, round(WARMUP_FRACTION * total_steps))
     if step < warmup:
@@ -122,6 +129,7 @@ class TrainLoop:
     def run(self, steps: Steps) -> TrainOutcome | None:
         """Train to the end (None) or stop early with a paused or cancelled outcome."""
         job, p = self.job, self.progress
+        check_time(job, p.seconds, " (before the first eval)")
         if not p.evaluated_before:
             p.eval_loss_before, p.evaluated_before = steps.evaluate(), True
         total_steps = sum(len(steps.epoch_batches(e)) for e in range(job.n_epochs))
@@ -132,6 +140,8 @@ class TrainLoop:
             batches = steps.epoch_batches(p.epoch)
             while p.batch < len(batches):
                 control = self.reporter.control()
+                if control == "lost":  # another run owns the job now: stop and write nothing
+                    return TrainOutcome("cancelled")
                 if control == "cancel":
                     self.reporter.event(f"Training cancelled at step {p.step}.")
                     return TrainOutcome("cancelled")
@@ -140,11 +150,7 @@ class TrainLoop:
                     self.checkpoint()
                     self.reporter.event(f"Training paused at step {p.step}; checkpoint saved.", data={"step": p.step})
                     return TrainOutcome("paused")
-                elapsed = p.seconds + time.monotonic() - started
-                if elapsed > job.time_limit_s:
-                    raise TrainingError(
-                        "time_limit_exceeded", f"Training did not finish within {job.time_limit_s:.0f} s (step {p.step} of {total_steps})."
-                    )
+                check_time(job, p.seconds + time.monotonic() - started, f" (step {p.step} of {total_steps})")
                 lr = learning_rate(p.step, total_steps, job.learning_rate)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
@@ -220,6 +226,7 @@ def run_recipe(
     if stopped is not None:
         return stopped
 
+    check_time(job, loop.progress.seconds, " (before the last eval)")
     eval_loss = steps.evaluate()
     for name, data in adapter_files(model, base).items():
         store.put_bytes(job.output_prefix + name, data)

@@ -9,12 +9,12 @@ import io
 import time
 
 import orjson
-from sqlalchemy import func, select
 
 from catalog.bases import get_base
+from jobs.limits import check_model_quota
 from openft.ids import file_id as new_file_id
-from storage.jobs import OPEN_STATUSES
-from storage.models import Account, AccountLimits, File, FineTunedModel, Job
+from storage import keys
+from storage.models import Account, File, FineTunedModel, Job
 from storage.objects import ObjectStore
 
 ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
@@ -68,28 +68,17 @@ def results_csv(rows: list[dict]) -> bytes:
     return out.getvalue().encode()
 
 
-def register(session, store: ObjectStore, job: Job, *, adapter_prefix: str, now: int, metrics_rows: list[dict],
-             retention_days: int, default_models_limit: int = MODEL_QUOTA) -> FineTunedModel:
+def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter_prefix: str, now: int,
+             metrics_rows: list[dict], retention_days: int, default_models_limit: int = MODEL_QUOTA) -> FineTunedModel:
     """Inside the caller's transaction: store the results file, register the model, update the job."""
     account = session.get(Account, job.account_id)
-    files = check_adapter(store, adapter_prefix, job.spec["method_type"])
-    models = session.scalar(
-        select(func.count()).select_from(FineTunedModel).where(
-            FineTunedModel.account_id == account.id, FineTunedModel.deleted_at.is_(None)
-        )
-    )
-    # Each other open job holds one slot too, reserved since before it trained.
-    others = session.scalar(
-        select(func.count()).select_from(Job).where(
-            Job.account_id == account.id, Job.status.in_(OPEN_STATUSES), Job.id != job.id
-        )
-    )
-    limits = session.get(AccountLimits, account.id)
-    quota = limits.models if limits is not None and limits.models is not None else default_models_limit
-    if models + others >= quota:
+    files = check_adapter(store, adapter_prefix, method_type)
+    over = check_model_quota(session, job, default_models_limit)
+    if over is not None:
+        held, quota = over
         raise RegistrationError(
             "adapter_quota_exceeded",
-            f"Your account already holds {models} fine-tuned models (limit {quota}, open jobs reserve one each). "
+            f"Your account already holds {held} fine-tuned models (limit {quota}, open jobs reserve one each). "
             "Delete some and run the job again.",
         )
     base = get_base(job.model)
@@ -104,7 +93,7 @@ def register(session, store: ObjectStore, job: Job, *, adapter_prefix: str, now:
     results = File(
         id=new_file_id(), account_id=account.id, filename=f"{job.id}-results.csv", purpose="fine-tune-results",
         bytes=len(csv_bytes), created_at=now, created_ns=time.time_ns(), expires_at=now + retention_days * 86400,
-        status="processed", sha256=hashlib.sha256(csv_bytes).hexdigest(), object_key=f"files/{account.id}/results-{job.id}.csv",
+        status="processed", sha256=hashlib.sha256(csv_bytes).hexdigest(), object_key=keys.results_file(account.id, job.id),
         stats={},
     )
     store.put_bytes(results.object_key, csv_bytes)

@@ -13,6 +13,7 @@ from serve_app.schemas.files import FileObject
 from serve_app.services.files import file_object
 from serve_app.services.files_upload import finish_validation, record_file
 from serve_app.state import AppState
+from storage import keys
 from storage import files as files_repo
 from storage.models import Account, File
 
@@ -44,7 +45,7 @@ def distill(state: AppState, account: Account, body: dict) -> dict:
     options = parse_options(body)
     results = _source(state, account, body.get("results_file"), "results_file", "batch_output")
     requests = _source(state, account, body.get("requests_file"), "requests_file", "batch")
-    out_prefix = f"files/{account.id}/distill-{new_file_id()}"
+    out_prefix = keys.distill_output(account.id, new_file_id())
     try:
         out = build_distill(state.store.spec(), results.object_key, requests.object_key, out_prefix, options)
         derived = {

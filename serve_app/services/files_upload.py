@@ -19,6 +19,7 @@ from pipelines.validate_ray import build_validation
 from serve_app.multipart_stream import MultipartStream, PartData, PartEnd, PartStart, boundary_of
 from serve_app.schemas.files import UPLOAD_PURPOSES
 from serve_app.state import AppState
+from storage import keys
 from storage.files import add_file
 from storage.models import Account, File
 
@@ -111,7 +112,7 @@ class _Upload:
         self.part: str | None = None
         self.filename: str | None = None
         self.file_id = new_file_id()
-        self.key = f"files/{account.id}/{self.file_id}"
+        self.key = keys.upload(account.id, self.file_id)
         self.stack = ExitStack()
         self.writer = None
         self.hasher = hashlib.sha256()

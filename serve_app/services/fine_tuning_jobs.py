@@ -9,7 +9,9 @@ import time
 from sqlalchemy import select
 
 from catalog.bases import get_base
-from openft.errors import Conflict, NotFound, RateLimited
+from jobs import limits, transitions
+from jobs.spec import JobSpec
+from openft.errors import Conflict, NotFound
 from openft.ids import job_id as new_job_id
 from pipelines.create_checks import check_file_for_base
 from serve_app.schemas.common import Page
@@ -21,30 +23,25 @@ from serve_app.schemas.fine_tuning import (
     JobError,
     JobGridline,
 )
-from serve_app.services.billing import check_create_limits
 from serve_app.services.distill import distill_shortcut
-from serve_app.services.job_params import FileFacts, JobSpec, check_job_files, file_not_found, parse_create_request
+from serve_app.services.job_params import FileFacts, check_job_files, file_not_found, parse_create_request
 from serve_app.services.paging import check_limit
 from serve_app.services.quote import quote_job
 from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo
-from storage.job_lifecycle import admit, finish, lock_account, promote_waiting
 from storage.models import Account, File, Job
 from train.registration import model_name
 
-PAUSABLE = ("validating_files", "queued", "running")
-
-
 def job_object(job: Job, account: Account) -> FineTuningJob:
-    spec = job.spec
+    spec = JobSpec.from_record(job.spec)
     return FineTuningJob(
         id=job.id,
         created_at=job.created_at,
         error=JobError(**job.error) if job.error else None,
         fine_tuned_model=job.fine_tuned_model,
         finished_at=job.finished_at,
-        hyperparameters=spec["hyperparameters"],
+        hyperparameters=spec.hyperparameters_wire(),
         model=job.model,
         organization_id=account.org_id,
         result_files=job.result_files or [],
@@ -55,11 +52,11 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
         validation_file=job.validation_file,
         estimated_finish=job.estimated_finish,
         metadata=job.job_metadata,
-        method=spec["method"],
+        method=spec.method_wire(),
         user_provided_suffix=job.user_provided_suffix,
         gridline=JobGridline(
             quote=job.quote, result=job.result, fine_tuned_adapter=job.fine_tuned_adapter, reason=job.reason,
-            derived_from=spec.get("derived_from"), charge=job.charge,
+            derived_from=spec.derived_from, charge=job.charge,
         ),
     )
 
@@ -84,28 +81,19 @@ def _files(state: AppState, account: Account, spec: JobSpec) -> tuple[File, File
     return training, validation
 
 
-def _limit_error(limit: int, current: int) -> RateLimited:
-    return RateLimited(
-        f"Your account can have {limit} open fine-tuning job(s) and has {current}. "
-        "Retry after a job ends, or cancel one.",
-        limit=limit, current=current,
-    )
-
-
 def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
     spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31))
     base = get_base(spec.model)
     with state.db.session() as session:
-        current = jobs_repo.count_open_jobs(session, account.id)
-    if current >= account.open_jobs_limit:  # fail fast; re-checked under the lock below
-        raise _limit_error(account.open_jobs_limit, current)
+        limits.check_open_jobs(session, account)  # fail fast; checked again under the lock below
     body, derived = distill_shortcut(state, account, body)
     if derived:
         seed = spec.seed
         spec = parse_create_request(body, seed_factory=lambda: seed)
     training, validation = _files(state, account, spec)
     check_job_files(spec, _facts(training), _facts(validation) if validation else None)
-    quote = quote_job(spec, _facts(training), _facts(validation) if validation else None, state.settings.prices)
+    quote = quote_job(spec, _facts(training), _facts(validation) if validation else None, state.settings.prices,
+                      time_limit_s=state.settings.job_time_limit_seconds)
     for param, row in (("training_file", training), ("validation_file", validation)):
         if row is not None:
             check_file_for_base(
@@ -117,10 +105,7 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
     with state.db.session() as session:
         # The account row lock serializes concurrent creates of one account (SQLite: BEGIN IMMEDIATE).
         locked = session.scalar(select(Account).where(Account.id == account.id).with_for_update())
-        current = jobs_repo.count_open_jobs(session, account.id)
-        if current >= locked.open_jobs_limit:
-            raise _limit_error(locked.open_jobs_limit, current)
-        check_create_limits(session, locked, state.settings, quote.per_token.max_charge_usd, now)
+        limits.check_create(session, locked, state.settings, quote.per_token.max_charge_usd, now)
         for param, row in (("training_file", training), ("validation_file", validation)):
             if row is not None and files_repo.get_file(session, account.id, row.id) is None:
                 raise file_not_found(param)  # deleted while the checks ran
@@ -128,7 +113,7 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
             id=new_job_id(), account_id=account.id, model=spec.model, status="validating_files",
             created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
             validation_file=spec.validation_file, seed=spec.seed,
-            spec={**_spec_record(spec), "hyperparameters": spec.hyperparameters_wire(), "method": spec.method_wire()},
+            spec=(spec.with_derived(derived) if derived else spec).record(),
             job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix, quote=quote.model_dump(),
             estimated_finish=quote.estimated_finish(now), result_files=[], updated_at=now,
         )
@@ -136,7 +121,6 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
         session.flush()
         jobs_repo.add_event(session, job.id, now, f"Created fine-tuning job: {job.id}")
         if derived:
-            job.spec = {**job.spec, "derived_from": derived}
             jobs_repo.add_event(
                 session, job.id, now, f"Distilled {derived['results_file']} with its requests "
                 f"{derived['requests_file']} into {derived['training_file']} (training) and "
@@ -147,16 +131,8 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
                 session, job.id, now, "suffix_ignored: suffix is accepted but not used for model names yet.",
                 level="warn", data={"code": "suffix_ignored"},
             )
-        admit(session, job, now)
+        transitions.admit(session, job, now)
         return job_object(job, account)
-
-
-def _spec_record(spec: JobSpec) -> dict:
-    from dataclasses import asdict
-
-    record = asdict(spec)
-    record["warnings"] = list(spec.warnings)
-    return record
 
 
 def _get(session, account: Account, job_id: str, *, for_update: bool = False) -> Job:
@@ -220,51 +196,30 @@ def list_checkpoints(
     )
 
 
-def _invalid_state(action: str, job: Job) -> Conflict:
-    state = "registering its adapter" if job.control == "registering" else job.status
-    return Conflict(f"This job cannot be {action}: it is {state}.", code="invalid_state", param="fine_tuning_job_id")
+def _invalid_state(action: str, moved: transitions.Moved) -> Conflict:
+    return Conflict(f"This job cannot be {action}: it is {moved.why}.", code="invalid_state", param="fine_tuning_job_id")
+
+
+def _transition(state: AppState, account: Account, job_id: str, action: str, move) -> FineTuningJob:
+    """Run one of the job's transitions (jobs/transitions.py) on the caller's job; 409 when it refuses."""
+    now = state.now()
+    with state.db.session() as session:
+        job = transitions.lock_job(session, job_id, account.id)
+        if job is None:
+            raise NotFound("No such fine-tuning job.", param="fine_tuning_job_id")
+        moved = move(session, job, now)
+        if not moved.ok:
+            raise _invalid_state(action, moved)
+        return job_object(job, account)
 
 
 def cancel_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
-    now = state.now()
-    with state.db.session() as session:
-        lock_account(session, account.id)
-        job = _get(session, account, job_id, for_update=True)
-        if job.status in jobs_repo.ENDED_STATUSES or job.control == "registering":
-            raise _invalid_state("cancelled", job)
-        # A running job's Train run sees `cancel` at its next step and stops without registering.
-        job.control = "cancel" if job.status in ("running", "paused") else None
-        finish(session, job, "cancelled", now, message="Fine-tuning job cancelled.")
-        return job_object(job, account)
+    return _transition(state, account, job_id, "cancelled", transitions.cancel)
 
 
 def pause_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
-    now = state.now()
-    with state.db.session() as session:
-        job = _get(session, account, job_id, for_update=True)
-        if job.status not in PAUSABLE or job.control == "registering":
-            raise _invalid_state("paused", job)
-        was = job.status
-        job.status, job.updated_at, job.estimated_finish = "paused", now, None
-        # A running job checkpoints at its next step and stops; it keeps the account's slot.
-        job.control = "pause" if was == "running" else None
-        job.paused_from = was
-        jobs_repo.add_event(session, job.id, now, f"Fine-tuning job paused (was {was}).")
-        return job_object(job, account)
+    return _transition(state, account, job_id, "paused", transitions.pause)
 
 
 def resume_job(state: AppState, account: Account, job_id: str) -> FineTuningJob:
-    now = state.now()
-    with state.db.session() as session:
-        lock_account(session, account.id)
-        job = _get(session, account, job_id, for_update=True)
-        if job.status != "paused":
-            raise _invalid_state("resumed", job)
-        # A job paused while waiting keeps waiting; anything else goes back to the queue first.
-        job.status = "validating_files" if job.paused_from == "validating_files" else "queued"
-        job.control, job.paused_from, job.updated_at = None, None, now
-        jobs_repo.add_event(session, job.id, now, "Fine-tuning job resumed.")
-        if job.status == "validating_files":
-            session.flush()
-            promote_waiting(session, account.id, now)
-        return job_object(job, account)
+    return _transition(state, account, job_id, "resumed", transitions.resume)

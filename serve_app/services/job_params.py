@@ -28,11 +28,12 @@ Decisions (not fixed by the reference):
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from catalog.bases import BASES, BaseModelSpec, get_base
 from openft.errors import InvalidRequest
+from jobs.spec import JobSpec
 from openft.holdout import holdout_size
 
 CREATE_FIELDS = frozenset(
@@ -73,48 +74,6 @@ class FileFacts:
     content_bytes: int
     token_upper_bound: int
     token_estimates: dict[str, int]  # per base id; absent for files uploaded before the estimate
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    model: str
-    method_type: Literal["supervised", "dpo"]
-    adapter: Literal["lora", "qlora"]
-    n_epochs: int
-    batch_size: int
-    learning_rate: float
-    learning_rate_multiplier: float | None  # None when the caller gave `learning_rate`
-    lora_rank: int
-    lora_alpha: int
-    max_seq_length: int
-    beta: float | None  # DPO only
-    seed: int
-    metadata: dict[str, str]
-    suffix: str | None
-    training_file: str
-    validation_file: str | None
-    warnings: tuple[str, ...] = field(default=())
-
-    def hyperparameters_wire(self) -> dict[str, Any]:
-        """The job object's `hyperparameters`: OpenAI's three fields, then ours."""
-        wire: dict[str, Any] = {
-            "n_epochs": self.n_epochs,
-            "batch_size": self.batch_size,
-            "learning_rate_multiplier": self.learning_rate_multiplier,
-            "learning_rate": self.learning_rate,
-            "lora_rank": self.lora_rank,
-            "lora_alpha": self.lora_alpha,
-            "max_seq_length": self.max_seq_length,
-        }
-        if self.method_type == "dpo":
-            wire["beta"] = self.beta
-        return wire
-
-    def method_wire(self) -> dict[str, Any]:
-        return {
-            "type": self.method_type,
-            self.method_type: {"hyperparameters": self.hyperparameters_wire(), "adapter": self.adapter},
-        }
 
 
 def _invalid(message: str, param: str | None, code: str = "invalid_value") -> InvalidRequest:

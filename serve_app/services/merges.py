@@ -36,6 +36,7 @@ from openft.ids import new_id
 from serve_app.schemas.merges import MergedFile, MergedWeights, MergedWeightsDeleted, MergeErrorInfo
 from serve_app.services.models import get_ft_model
 from serve_app.state import AppState
+from storage import keys
 from storage import merges as repo
 from storage.models import Account, Merge
 from storage.objects import ObjectNotFound
@@ -100,7 +101,7 @@ def start_merge(state: AppState, account: Account, model: str) -> MergedWeights:
         merge_id = new_id("merge-", 24)
         draft = Merge(
             id=merge_id, account_id=account.id, model=model, base=ft.base, status="queued",
-            export_prefix=f"merges/{account.id}/{merge_id}", attempts=0, files=[], bytes=0, delete_requested=False,
+            export_prefix=keys.merge_export(account.id, merge_id), attempts=0, files=[], bytes=0, delete_requested=False,
             adapter_sha256={name: info["sha256"] for name, info in ft.files.items()}, created_at=now,
             created_ns=time.time_ns(),
         )

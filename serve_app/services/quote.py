@@ -34,7 +34,9 @@ from openft.errors import InvalidRequest
 from openft.pricing import PriceTable
 from serve_app.services.job_params import FileFacts, JobSpec, eval_rows_for
 
-TIME_LIMIT_SECONDS = 7200
+# The catalog's `fit_tokens` are the tokens a base trains in this many seconds: a speed, not the limit.
+FIT_SECONDS = 7200
+TIME_LIMIT_SECONDS = 7200  # the reference's v1 limit; the service's own is `job_time_limit_seconds`
 STARTUP_SECONDS = 120
 EVAL_SPEEDUP = 3  # a forward pass costs about a third of forward + backward
 EVAL_PASSES = 2  # eval loss before and after training
@@ -98,7 +100,9 @@ def _estimate(facts: FileFacts, model: str) -> int:
     return facts.token_estimates.get(model, facts.token_upper_bound)
 
 
-def estimate_workload(spec: JobSpec, training: FileFacts, validation: FileFacts | None) -> Workload:
+def estimate_workload(
+    spec: JobSpec, training: FileFacts, validation: FileFacts | None, time_limit_s: float = TIME_LIMIT_SECONDS
+) -> Workload:
     base = get_base(spec.model)
     fit = base.fit_tokens[spec.adapter]
     slowdown = DPO_SLOWDOWN if spec.method_type == "dpo" else 1
@@ -109,9 +113,9 @@ def estimate_workload(spec: JobSpec, training: FileFacts, validation: FileFacts 
     else:
         eval_tokens = _ceil_div(per_epoch * eval_rows, training.rows)
     # seconds = tokens x slowdown / (fit / limit), in integers so the refusal and the quote agree.
-    eval_seconds = _ceil_div(eval_tokens * slowdown * EVAL_PASSES * TIME_LIMIT_SECONDS, EVAL_SPEEDUP * fit)
-    train_seconds = _ceil_div(per_epoch * spec.n_epochs * slowdown * TIME_LIMIT_SECONDS, fit)
-    budget = max(TIME_LIMIT_SECONDS - STARTUP_SECONDS - eval_seconds, 0)
+    eval_seconds = _ceil_div(eval_tokens * slowdown * EVAL_PASSES * FIT_SECONDS, EVAL_SPEEDUP * fit)
+    train_seconds = _ceil_div(per_epoch * spec.n_epochs * slowdown * FIT_SECONDS, fit)
+    budget = max(int(time_limit_s) - STARTUP_SECONDS - eval_seconds, 0)
     return Workload(
         tokens_per_epoch=per_epoch,
         training_tokens=per_epoch * spec.n_epochs,
@@ -120,8 +124,8 @@ def estimate_workload(spec: JobSpec, training: FileFacts, validation: FileFacts 
         eval_seconds=eval_seconds,
         train_seconds=train_seconds,
         seconds=STARTUP_SECONDS + eval_seconds + train_seconds,
-        fit_tokens=budget * fit // (TIME_LIMIT_SECONDS * slowdown),
-        tokens_per_second=fit / TIME_LIMIT_SECONDS / slowdown,
+        fit_tokens=budget * fit // (FIT_SECONDS * slowdown),
+        tokens_per_second=fit / FIT_SECONDS / slowdown,
     )
 
 
@@ -129,12 +133,16 @@ def _usd(tokens: int, rate: float, rounding: str) -> Decimal:
     return (Decimal(tokens) * Decimal(str(rate)) / 1_000_000).quantize(CENT, rounding=rounding)
 
 
-def quote_job(spec: JobSpec, training: FileFacts, validation: FileFacts | None, prices: PriceTable) -> Quote:
-    """The quote; raises `InvalidRequest(code="job_too_large")` when the job cannot fit 2 hours."""
+def quote_job(
+    spec: JobSpec, training: FileFacts, validation: FileFacts | None, prices: PriceTable, *,
+    time_limit_s: float = TIME_LIMIT_SECONDS,
+) -> Quote:
+    """The quote; raises `InvalidRequest(code="job_too_large")` when the job cannot fit the time limit
+    (the service's `job_time_limit_seconds`; the reference's 2 hours by default)."""
     base = get_base(spec.model)
-    work = estimate_workload(spec, training, validation)
+    work = estimate_workload(spec, training, validation, time_limit_s)
     if work.training_tokens > work.fit_tokens:
-        raise _too_large(spec, base, training, validation, work)
+        raise _too_large(spec, base, training, validation, work, time_limit_s)
     rate = prices.trained_usd_per_mtok(spec.model, spec.method_type)
     upper = training.token_upper_bound * spec.n_epochs
     minimum = Decimal(str(prices.minimum_usd)).quantize(CENT, rounding=ROUND_CEILING)
@@ -151,6 +159,11 @@ def quote_job(spec: JobSpec, training: FileFacts, validation: FileFacts | None, 
         per_token=PerToken(trained_usd_per_mtok=rate, minimum_usd=float(minimum), max_charge_usd=float(max_charge)),
         gpu_memory_class_gb=max(base.gpu_memory_class_gb, LARGE_GPU_GB) if long_context else base.gpu_memory_class_gb,
     )
+
+
+def _limit(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:g}-hour" if hours == int(hours) else f"{seconds:.0f}-second"
 
 
 def _epochs(n: int) -> str:
@@ -179,7 +192,8 @@ def _basis(spec: JobSpec, base: BaseModelSpec, validation: FileFacts | None, wor
 
 
 def _too_large(
-    spec: JobSpec, base: BaseModelSpec, training: FileFacts, validation: FileFacts | None, work: Workload
+    spec: JobSpec, base: BaseModelSpec, training: FileFacts, validation: FileFacts | None, work: Workload,
+    time_limit_s: float,
 ) -> InvalidRequest:
     changes = []
     epochs_that_fit = work.fit_tokens // max(work.tokens_per_epoch, 1)
@@ -195,7 +209,7 @@ def _too_large(
     return InvalidRequest(
         f"This job is estimated at {work.training_tokens:,} training tokens ({work.tokens_per_epoch:,} per epoch x "
         f"{_epochs(spec.n_epochs)}) on {base.id} at {_speed(spec, work)}: about {_duration(work.seconds)} "
-        f"({work.seconds:,} s), over the 2-hour limit. At most {work.fit_tokens:,} training tokens fit, counting every "
+        f"({work.seconds:,} s), over the {_limit(time_limit_s)} limit. At most {work.fit_tokens:,} training tokens fit, counting every "
         f"epoch, once startup and evaluation are counted. To fit, {', '.join(changes[:-1])} or {changes[-1]}.",
         code="job_too_large",
         param="training_file",

@@ -24,6 +24,7 @@ from sqlalchemy import delete, select
 from merge.worker import expire_exports
 from pipelines.tokenize import MANIFEST as TOKENIZED_MANIFEST
 from serve_app.state import AppState
+from storage import keys
 from storage import files as files_repo
 from storage.models import File, FineTunedModel, Job, JobEvent
 from storage.tokenized_reaps import mark, shards_in_use, stale_marks, unmark
@@ -47,15 +48,15 @@ def reap_once(state: AppState, now: int | None = None) -> dict[str, int]:
 
 def _reap_files(state: AppState, now: int) -> int:
     with state.db.session() as session:
-        keys = []
+        object_keys = []
         for row in files_repo.expired_files(session, now, limit=BATCH):
             if state.file_in_use(session, row.id):
                 continue
             row.deleted_at = now
-            keys.append(row.object_key)
-    for key in keys:
+            object_keys.append(row.object_key)
+    for key in object_keys:
         state.store.delete(key)
-    return len(keys)
+    return len(object_keys)
 
 
 def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
@@ -72,7 +73,7 @@ def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
     objects = 0
     for job in jobs:
         adapter = keep.get(job.id)
-        for key in list(state.store.list(f"runs/{job.id}/")):
+        for key in list(state.store.list(keys.run(job.id))):
             if adapter is None or not key.startswith(adapter.rstrip("/") + "/"):
                 state.store.delete(key)
                 objects += 1
@@ -98,12 +99,12 @@ def _reap_tokenized(state: AppState, sha: str, cutoff: int, now: int) -> bool:
         with state.db.session() as session:
             if shards_in_use(session, sha, cutoff):
                 return False
-        keys = list(state.store.list(f"tokenized/{sha}/"))
-        for key in keys:
+        found = list(state.store.list(keys.tokenized_bytes(sha)))
+        for key in found:
             if key.endswith("/" + TOKENIZED_MANIFEST):
                 state.store.delete(key)  # first: a reader that finds no manifest tokenizes afresh
-        state.store.delete_prefix(f"tokenized/{sha}/")
-        return bool(keys)
+        state.store.delete_prefix(keys.tokenized_bytes(sha))
+        return bool(found)
     finally:
         with state.db.session() as session:
             unmark(session, sha)

@@ -3,8 +3,8 @@
 Two setups. The job controller's rules run in-process on a data dir of each test's own
 (`JobController(settings)`, real SQLite, real local store, real Ray for its capacity check):
 jobs are put in the statuses the API creates (queued, with the quote's `per_token`) and the
-controller's own methods move them on: `tick` (hold or insufficient_quota), `_register` (success,
-adapter_quota_exceeded), `_fail`, `reconcile`, the 24-hour expiry. The admin API, the limits at
+controller moves them on: `tick` (hold or insufficient_quota), `conclude` (success,
+adapter_quota_exceeded, failures), `reconcile`, the 24-hour expiry. The admin API, the limits at
 create and gridline.charge go through a deployment with billing on (`apis("billing", ...)`)
 with the real `openai` SDK and httpx; the UTC-day limit calls `create_job` in-process on that
 deployment's data dir with a clock the test moves.
@@ -26,11 +26,15 @@ from openft.ids import job_id as new_job_id
 from openft.settings import Settings
 from serve_app.services.fine_tuning_jobs import cancel_job, create_job
 from serve_app.state import AppState
+from jobs import transitions
+from jobs.scheduling import Started
 from storage import billing
 from storage.accounts import create_account
 from storage.db import Database
 from storage.models import Account, FineTunedModel, Job, JobEvent, LedgerEntry
 from storage.objects import open_object_store
+from train.attempt import AttemptResult
+from train.controller import LeaseLost
 from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, upload
 
@@ -60,7 +64,7 @@ def new_account(db: Database, deposit_usd: str | None = None) -> str:
     with db.session() as session:
         account, _ = create_account(session, f"a-{time.time_ns()}", open_jobs_limit=1)
         if deposit_usd:
-            billing.deposit(session, account, billing.to_cents(deposit_usd), int(time.time()), established_open_jobs=3)
+            billing.deposit(session, account, billing.to_cents(deposit_usd), int(time.time()))
         return account.id
 
 
@@ -80,12 +84,18 @@ def put_job(db: Database, account_id: str, *, rate: float = 0.40, max_charge: fl
     return job.id
 
 
-def start_with_hold(db: Database, job_id: str) -> None:
-    """What `tick` does for a job it starts, without the run thread (which would train)."""
+def start_with_hold(db: Database, job_id: str, *, lease_s: int = 300) -> Started:
+    """What `tick` does for a job it starts (jobs.transitions.start), without the run thread (which
+    would train). `lease_s=-1`: a run whose lease has lapsed, as after its controller died."""
+    owner = f"test.{time.time_ns()}"
     with db.session() as session:
-        job = session.get(Job, job_id)
-        assert billing.hold_for_start(session, job, int(time.time()))
-        job.status, job.started_at, job.attempts = "running", int(time.time()), job.attempts + 1
+        assert transitions.start(session, job_id, int(time.time()), owner=owner, lease_s=lease_s,
+                                 billing_enabled=True).ok
+        return Started(job_id, owner, session.get(Job, job_id).attempts)
+
+
+def succeeded(tokens: int) -> AttemptResult:
+    return AttemptResult("succeeded", result={"trained_tokens": tokens})
 
 
 def write_adapter(settings: Settings, job_id: str) -> str:
@@ -145,7 +155,7 @@ def test_funded_job_holds_its_most_and_a_training_failure_is_not_charged(own):
     job_id = put_job(db, account, max_charge=0.50)
     ctl = controller(settings)
     assert ctl.tick() == [job_id]
-    ctl.runs[job_id].join(timeout=60)
+    ctl.runs[job_id][1].join(timeout=60)
     job = job_row(db, job_id)
     assert (job.status, job.error["code"], job.attempts) == ("failed", "training_failed", 1)
     assert ledger(db, account) == [("deposit", 50), ("hold", -50), ("release", 50)]
@@ -166,9 +176,10 @@ def test_succeeded_job_is_charged_rate_times_trained_tokens_to_the_cent(own, tok
     account = new_account(db, "10.00")
     job_id = put_job(db, account, rate=rate, max_charge=max_charge)
     ctl = controller(settings)  # before the job runs: a controller's start requeues runs it does not drive
-    start_with_hold(db, job_id)
+    run = start_with_hold(db, job_id)
     assert money(db, account) == (10.00, max_charge)
-    ctl._register(job_id, {"trained_tokens": tokens}, {}, write_adapter(settings, job_id))
+    write_adapter(settings, job_id)
+    ctl.conclude(run, "supervised", succeeded(tokens))
     job = job_row(db, job_id)
     assert job.status == "succeeded" and job.trained_tokens == tokens
     assert job.charge == {"usd": cents / 100, "cents": cents, "basis": basis, "trained_tokens": tokens,
@@ -186,8 +197,9 @@ def test_adapter_quota_exceeded_is_charged_its_tokens_without_the_minimum(own):
             adapter_prefix=f"runs/old{i}/adapter", files={}, created_at=0, created_ns=i) for i in range(100))
     job_id = put_job(db, account)
     ctl = controller(settings)
-    start_with_hold(db, job_id)
-    ctl._register(job_id, {"trained_tokens": 112_345}, {}, write_adapter(settings, job_id))
+    run = start_with_hold(db, job_id)
+    write_adapter(settings, job_id)
+    ctl.conclude(run, "supervised", succeeded(112_345))
     job = job_row(db, job_id)
     assert (job.status, job.error["code"]) == ("failed", "adapter_quota_exceeded")
     assert job.charge["cents"] == 4 and job.charge["basis"] == "trained_tokens"  # 0.044938 USD, no 0.50 minimum
@@ -201,23 +213,24 @@ def test_each_platform_failure_leaves_the_balance_unchanged(own):
     ctl = controller(settings)
 
     timed_out = put_job(db, account)
-    start_with_hold(db, timed_out)
-    ctl._fail(timed_out, "time_limit_exceeded", "Training did not finish within 7200 s.")
+    ctl.conclude(start_with_hold(db, timed_out), "supervised", AttemptResult(
+        "failed", error_code="time_limit_exceeded", error_message="Training did not finish within 7200 s."))
 
     interrupted = put_job(db, account, attempts=1)
-    start_with_hold(db, interrupted)  # its second attempt: a lost run is not retried again
+    start_with_hold(db, interrupted, lease_s=-1)  # its second attempt: a lost run is not retried again
     controller(settings)  # a restarted controller reconciles the run nobody drives
 
-    # Held, then requeued after a lost run, and no capacity for 24 hours.
-    unavailable = put_job(db, account, created_at=int(time.time()) - DAY - 60)
-    start_with_hold(db, unavailable)
+    # Held, then requeued after a lost run, and no capacity for 24 hours: it ran, so job_expired.
+    expired = put_job(db, account)
+    start_with_hold(db, expired, lease_s=-1)
+    ctl.reconcile()
     with db.session() as session:
-        session.get(Job, unavailable).status = "queued"
+        session.get(Job, expired).waiting_since = int(time.time()) - DAY - 60
     assert money(db, account) == (20.00, 3.00)
     ctl.tick()
 
     for job_id, code in ((timed_out, "time_limit_exceeded"), (interrupted, "platform_interrupted"),
-                         (unavailable, "job_unavailable")):
+                         (expired, "job_expired")):
         job = job_row(db, job_id)
         assert (job.status, job.error["code"], job.charge["basis"], job.charge["cents"]) == (
             "failed", code, "not_charged", 0)
@@ -230,16 +243,17 @@ def test_charge_is_applied_once_across_a_controller_restart(own):
     settings, db = own
     account = new_account(db, "10.00")
     job_id = put_job(db, account, rate=0.80)
-    start_with_hold(db, job_id)
-    ctl = controller(settings)  # restarted mid-run: its start requeues the run nobody drives
+    start_with_hold(db, job_id, lease_s=-1)
+    ctl = controller(settings)  # restarted mid-run: its start requeues the run whose lease lapsed
     assert job_row(db, job_id).status == "queued"
-    start_with_hold(db, job_id)  # its next tick starts it again and keeps its one hold
+    run = start_with_hold(db, job_id)  # its next tick starts it again and keeps its one hold
     assert ledger(db, account) == [("deposit", 1000), ("hold", -300)]
 
-    prefix = write_adapter(settings, job_id)
-    ctl._register(job_id, {"trained_tokens": 2_000_000}, {}, prefix)  # 1.60 USD
+    write_adapter(settings, job_id)
+    ctl.conclude(run, "supervised", succeeded(2_000_000))  # 1.60 USD
     again = controller(settings)  # restarted after the job ended: nothing to reconcile
-    again._register(job_id, {"trained_tokens": 2_000_000}, {}, prefix)  # a replayed end
+    with pytest.raises(LeaseLost):  # a replayed end proves a lease the job no longer has
+        again.conclude(run, "supervised", succeeded(2_000_000))
     with db.session() as session:
         billing.settle(session, session.get(Job, job_id), int(time.time()))
     assert ledger(db, account) == [("deposit", 1000), ("hold", -300), ("release", 300), ("charge", -160)]

@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import func, select, update
 
 from storage.db import Database
-from storage.job_lifecycle import lock_account, promote_waiting
+from jobs.transitions import lock_account, promote_waiting
 from storage.models import Job
 from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, job_ids, upload

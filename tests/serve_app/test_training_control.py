@@ -22,8 +22,7 @@ from sqlalchemy import select
 
 from openft.demo_data import ticket_splits, tickets_jsonl
 from openft.settings import Settings
-from storage import billing
-from storage.accounts import create_account
+from storage.accounts import create_account, limits_row
 from storage.db import Database
 from storage.models import FineTunedModel, Job
 from tests.serve_app.test_billing import put_job
@@ -163,7 +162,7 @@ def test_registration_over_the_model_quota_fails_adapter_quota_exceeded(training
     client = training_api.client(key)
     job = start_job(client, ticket_splits()[0][:20], n_epochs=1, batch_size=4)
     def lower_limit(session):  # an operator lowers the limit while the job trains
-        billing.limits_row(session, account_id).models = 0
+        limits_row(session, account_id).models = 0
 
     in_db(training_api, lower_limit)
 

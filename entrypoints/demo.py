@@ -62,10 +62,10 @@ def _follow(client, job_id: str) -> object:
 
 
 def run_demo(settings: Settings, *, host: str, port: int) -> int:
-    from openft.ray_runtime import prepare_ray_environment
+    from entrypoints.ray_runtime import prepare_ray_environment
 
     prepare_ray_environment(settings)
-    from openft.ray_runtime import deploy_api, start_ray
+    from entrypoints.ray_runtime import deploy_api, start_ray
     from train.controller import start_controller
 
     context = start_ray(settings, num_cpus=None)

@@ -11,6 +11,9 @@ from pathlib import Path
 from openft.settings import Settings
 
 
+CONTROLLER_CHECK_S = 5.0
+
+
 def _settings(args: argparse.Namespace, **overrides) -> Settings:
     values = {k: v for k, v in overrides.items() if v is not None}
     if getattr(args, "data_dir", None) is not None:
@@ -19,7 +22,7 @@ def _settings(args: argparse.Namespace, **overrides) -> Settings:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from openft.ray_runtime import prepare_ray_environment
+    from entrypoints.ray_runtime import prepare_ray_environment
 
     settings = _settings(args)
     if not settings.ray_address:
@@ -27,13 +30,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
-    from openft.ray_runtime import deploy_api, start_ray
+    from entrypoints.ray_runtime import deploy_api, start_ray
 
-    from train.controller import start_controller
+    from train.controller import ensure_controller
 
     context = start_ray(settings, host=args.host)
     base_url = deploy_api(settings, host=args.host, port=args.port)
-    start_controller(settings)
+    ensure_controller(settings)
     dashboard = getattr(context, "dashboard_url", None)
     if dashboard:
         token = "" if settings.ray_address else f" (token: {settings.data_dir.resolve() / 'ray_auth_token'})"
@@ -43,7 +46,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+    # The controller actor restarts itself after a crash; one that is gone for good (killed with
+    # no restart, or lost with its node) is started again here.
+    while not stop.wait(CONTROLLER_CHECK_S):
+        try:
+            ensure_controller(settings)
+        except Exception as exc:  # Ray unreachable for a moment: try again at the next check
+            print(f"openft: controller check failed: {type(exc).__name__}", file=sys.stderr, flush=True)
     print("shutting down", flush=True)
     serve.shutdown()
     ray.shutdown()
@@ -52,7 +61,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_accounts_create(args: argparse.Namespace) -> int:
     from storage.accounts import create_account
-    from storage.billing import limits_row
+    from jobs.limits import set_open_jobs
     from storage.db import Database
 
     settings = _settings(args)
@@ -62,7 +71,7 @@ def cmd_accounts_create(args: argparse.Namespace) -> int:
             session, args.name, open_jobs_limit=args.open_jobs or settings.new_account_open_jobs
         )
         if args.open_jobs:  # an explicit limit: a first deposit does not raise it
-            limits_row(session, account.id).open_jobs_set = True
+            set_open_jobs(session, account, args.open_jobs)
         print(f"account {account.name} ({account.org_id})")
     print(key)
     return 0
@@ -104,7 +113,7 @@ def cmd_accounts_limits(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from openft.demo import run_demo
+    from entrypoints.demo import run_demo
 
     return run_demo(_settings(args, model_source="standin"), host=args.host, port=args.port)
 

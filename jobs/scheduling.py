@@ -1,0 +1,132 @@
+"""The job controller's passes over the database: reconcile lost runs, expire waits, start runs.
+
+Where it sits: `train/controller.py` calls these every pass (and owns the Ray side: the runs'
+threads, the cluster's resources); each pass is made of `jobs/transitions.py` compare-and-sets, so
+a pass that races an API request or another controller changes nothing it should not.
+
+- `reconcile`: every run whose lease has expired (its thread, driver or node died), every run of
+  this controller whose thread is gone, and every `running` job with no lease at all is lost:
+  queued again once from its last checkpoint, then `platform_interrupted` (`lose_run`).
+- `expire_waiting`: a job that has waited past the limit since it entered its current wait fails
+  (`expire_wait`: `job_unavailable` if it never ran, `job_expired` if it did).
+- `start_runs`: under the scheduler's lock, start queued jobs, oldest first, one run per account,
+  while the runs holding a lease stay under both `max_concurrent_runs` and what the cluster fits.
+  Counting leases in the database (not Ray's free resources, which change only once a trainer has
+  started) makes the cap hold within one pass and across passes and controllers.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from sqlalchemy import func, or_, select
+
+from jobs import transitions
+from openft.settings import Settings
+from storage.db import Database
+from storage.jobs import add_event
+from storage.models import Job
+
+CAPACITY_REASON = "gridline_capacity"
+
+
+@dataclass(frozen=True)
+class Started:
+    job_id: str
+    owner: str  # the lease token the run proves itself with
+    attempt: int
+
+
+def run_need(settings: Settings) -> dict[str, float]:
+    """Ray resources one run takes: every Train worker's, and a GPU each when training on GPUs."""
+    need = {k: float(v) * settings.train_num_workers for k, v in settings.train_worker_resources.items()}
+    if settings.train_use_gpu:
+        need["GPU"] = max(need.get("GPU", 0.0), float(settings.train_num_workers))
+    return {k: v for k, v in need.items() if v > 0}
+
+
+def runs_that_fit(total: dict[str, float], need: dict[str, float], reserve: dict[str, float]) -> int:
+    """How many runs the cluster's `total` resources hold at once, after `reserve` (the CPUs kept for
+    the Ray Data tasks that feed the workers: without them a run's reads starve and it never steps)."""
+    if not need:
+        return math.inf
+    fits = [math.floor((total.get(k, 0.0) - reserve.get(k, 0.0)) / v + 1e-9) for k, v in need.items()]
+    return max(0, min(fits))
+
+
+def _lost(job: Job, now: int, alive: set[str], mine: str) -> bool:
+    if job.lease_owner is None:
+        return job.status == "running"
+    if job.lease_owner in alive:
+        return False
+    return job.lease_owner.startswith(mine) or (job.lease_expires_at or 0) < now
+
+
+def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str) -> list[str]:
+    """Lose every run nothing drives any more. `alive`: this controller's live runs' lease tokens;
+    `mine`: the prefix of this controller's tokens (its runs not in `alive` are known dead)."""
+    alive = set(alive)
+    with db.session() as session:
+        candidates = session.scalars(select(Job).where(
+            or_(Job.lease_owner.is_not(None), Job.status == "running"))).all()
+        ids = [j.id for j in candidates if _lost(j, now, alive, mine)]
+    lost = []
+    for job_id in ids:
+        with db.session() as session:
+            job = transitions.lock_job(session, job_id)
+            if job is not None and _lost(job, now, alive, mine):  # re-checked under the lock
+                transitions.lose_run(session, job, now)
+                lost.append(job_id)
+    return lost
+
+
+def expire_waiting(db: Database, now: int, limit_s: float) -> list[str]:
+    with db.session() as session:
+        since = func.coalesce(Job.waiting_since, Job.created_at)
+        ids = session.scalars(select(Job.id).where(
+            Job.status.in_(("validating_files", "queued")), Job.lease_owner.is_(None), since <= now - limit_s)).all()
+    expired = []
+    for job_id in ids:
+        with db.session() as session:
+            job = transitions.lock_job(session, job_id)
+            if job is not None and transitions.expire_wait(session, job, now, limit_s).ok:
+                expired.append(job_id)
+    return expired
+
+
+def start_runs(db: Database, now: int, *, settings: Settings, fit: float, new_owner: Callable[[], str]) -> list[Started]:
+    """Start what the cap and `fit` (runs the cluster holds) allow; returns the runs started."""
+    started: list[Started] = []
+    with db.session() as session:
+        transitions.lock_scheduler(session)
+        leased = session.scalars(select(Job.account_id).where(Job.lease_owner.is_not(None))).all()
+        room = min(settings.max_concurrent_runs, fit) - len(leased)
+        busy = set(leased)
+        queued = session.execute(
+            select(Job.id, Job.account_id, Job.reason)
+            .where(Job.status == "queued", Job.lease_owner.is_(None)).order_by(Job.created_ns)
+        ).all()
+        for job_id, account_id, reason in queued:
+            if account_id in busy:
+                continue
+            if room <= 0:
+                if reason != CAPACITY_REASON:
+                    _wait_for_capacity(session, job_id, now)
+                continue
+            owner = new_owner()
+            moved = transitions.start(session, job_id, now, owner=owner, lease_s=int(settings.run_lease_seconds),
+                                      billing_enabled=settings.billing_enabled)
+            if moved.ok:
+                room -= 1
+                busy.add(account_id)
+                started.append(Started(job_id, owner, session.get(Job, job_id).attempts))
+    return started
+
+
+def _wait_for_capacity(session, job_id: str, now: int) -> None:
+    job = transitions.lock_job(session, job_id)
+    if job is not None and job.status == "queued" and job.reason != CAPACITY_REASON:
+        job.reason = CAPACITY_REASON
+        add_event(session, job_id, now, "Waiting for a training worker to become free.")

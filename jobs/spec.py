@@ -1,0 +1,78 @@
+"""The job spec: the normalized create request, stored on the job row and read back typed.
+
+Where it sits: `serve_app/services/job_params.parse_create_request` builds it from the create
+body; the jobs service stores `spec.record()` in `jobs.spec`; the job controller reads
+`JobSpec.from_record(job.spec)` to build the run. Nothing reads the stored dict by string keys.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Literal
+
+# Keys that older rows carry beside the spec's fields (the wire forms, now computed).
+_DERIVED_KEYS = frozenset({"hyperparameters", "method"})
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    model: str
+    method_type: Literal["supervised", "dpo"]
+    adapter: Literal["lora", "qlora"]
+    n_epochs: int
+    batch_size: int
+    learning_rate: float
+    learning_rate_multiplier: float | None  # None when the caller gave `learning_rate`
+    lora_rank: int
+    lora_alpha: int
+    max_seq_length: int
+    beta: float | None  # DPO only
+    seed: int
+    metadata: dict[str, str]
+    suffix: str | None
+    training_file: str
+    validation_file: str | None
+    warnings: tuple[str, ...] = field(default=())
+    # The distill shortcut's record (results file, requests file, the files it made), when used.
+    derived_from: dict[str, Any] | None = None
+
+    def hyperparameters_wire(self) -> dict[str, Any]:
+        """The job object's `hyperparameters`: OpenAI's three fields, then ours."""
+        wire: dict[str, Any] = {
+            "n_epochs": self.n_epochs,
+            "batch_size": self.batch_size,
+            "learning_rate_multiplier": self.learning_rate_multiplier,
+            "learning_rate": self.learning_rate,
+            "lora_rank": self.lora_rank,
+            "lora_alpha": self.lora_alpha,
+            "max_seq_length": self.max_seq_length,
+        }
+        if self.method_type == "dpo":
+            wire["beta"] = self.beta
+        return wire
+
+    def method_wire(self) -> dict[str, Any]:
+        return {
+            "type": self.method_type,
+            self.method_type: {"hyperparameters": self.hyperparameters_wire(), "adapter": self.adapter},
+        }
+
+    def with_derived(self, derived: dict[str, Any]) -> "JobSpec":
+        return replace(self, derived_from=derived)
+
+    def record(self) -> dict[str, Any]:
+        """The JSON stored in `jobs.spec`."""
+        out = asdict(self)
+        out["warnings"] = list(self.warnings)
+        return out
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> "JobSpec":
+        """Raises TypeError (a missing field) or ValueError (an unknown one) on a record that is not a spec."""
+        known = {f.name for f in fields(cls)}
+        unknown = set(record) - known - _DERIVED_KEYS
+        if unknown:
+            raise ValueError(f"job spec has unknown fields: {sorted(unknown)}")
+        values = {k: v for k, v in record.items() if k in known}
+        values["warnings"] = tuple(values.get("warnings") or ())
+        return cls(**values)

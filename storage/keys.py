@@ -1,0 +1,52 @@
+"""Where every object lives in the store: the one home of the key layout.
+
+Every module that writes or deletes objects asks here for the key, so a layout change (or a
+multi-tenant prefix) is one edit. Prefixes end in `/`; keys do not.
+
+    files/<account>/<file id>                     uploads
+    files/<account>/results-<job id>.csv          a job's results file
+    files/<account>/distill-<id>/...              a distillation's output
+    tokenized/<sha256>/<base>@<rev>/<method>-<n>/ tokenized shards, shared by every job on those bytes
+    runs/<job id>/checkpoints/                    a job's checkpoints (every attempt)
+    runs/<job id>/adapter/                        its trained adapter
+    merges/<account>/<merge id>/                  a merged-weights export
+"""
+
+from __future__ import annotations
+
+
+def upload(account_id: str, file_id: str) -> str:
+    return f"files/{account_id}/{file_id}"
+
+
+def results_file(account_id: str, job_id: str) -> str:
+    return f"files/{account_id}/results-{job_id}.csv"
+
+
+def distill_output(account_id: str, distill_id: str) -> str:
+    return f"files/{account_id}/distill-{distill_id}"
+
+
+def tokenized_bytes(file_sha256: str) -> str:
+    """Every tokenization of one file's bytes (what the reaper deletes together)."""
+    return f"tokenized/{file_sha256}/"
+
+
+def tokenized(file_sha256: str, base_id: str, revision: str, method: str, max_seq_length: int) -> str:
+    return f"{tokenized_bytes(file_sha256)}{base_id}@{revision}/{method}-{max_seq_length}/"
+
+
+def run(job_id: str) -> str:
+    return f"runs/{job_id}/"
+
+
+def checkpoints(job_id: str) -> str:
+    return f"{run(job_id)}checkpoints/"
+
+
+def adapter(job_id: str) -> str:
+    return f"{run(job_id)}adapter/"
+
+
+def merge_export(account_id: str, merge_id: str) -> str:
+    return f"merges/{account_id}/{merge_id}"
