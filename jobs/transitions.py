@@ -99,6 +99,15 @@ def holds_slot(session: Session, account_id: str, *, except_job: str | None = No
     return session.scalar(query.limit(1)) is not None
 
 
+def add_new(session: Session, job: Job, now: int) -> None:
+    """Insert a job create built (the caller holds the account's lock and checked the limits): it
+    starts in `validating_files`, with its first event; `admit` then queues it or lets it wait."""
+    job.status = "validating_files"
+    session.add(job)
+    session.flush()
+    add_event(session, job.id, now, f"Created fine-tuning job: {job.id}")
+
+
 def admit(session: Session, job: Job, now: int) -> None:
     """A new job (the caller holds the account's lock and added the row): queue it, or let it wait
     for the account's slot."""

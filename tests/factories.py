@@ -238,3 +238,78 @@ def reinforcement_method() -> dict:
             hyperparameters=ReinforcementHyperparameters(reasoning_effort="medium"),
         ),
     }
+
+
+# -- accounts, files and jobs straight in the database (tests of the job package and controller) --
+JOB_MODEL = "qwen2.5-0.5b-instruct"
+
+
+def db_account(db, *, open_jobs: int = 3, deposit_usd: str | None = None) -> str:
+    """An account (and, billing on, its deposit) through the repositories the CLI uses."""
+    import time
+    import uuid
+
+    from storage import billing
+    from storage.accounts import create_account
+
+    with db.session() as session:
+        account, _ = create_account(session, f"acct-{uuid.uuid4().hex[:8]}", open_jobs_limit=open_jobs)
+        if deposit_usd:
+            billing.deposit(session, account, billing.to_cents(deposit_usd), int(time.time()))
+        return account.id
+
+
+def db_training_file(db, account_id: str) -> str:
+    """A processed training file's row (scripted runs never read its bytes)."""
+    import time
+
+    from openft.ids import file_id
+    from storage import keys
+    from storage.models import File
+
+    fid, now = file_id(), int(time.time())
+    with db.session() as session:
+        session.add(File(id=fid, account_id=account_id, filename="train.jsonl", purpose="fine-tune", bytes=100,
+                         created_at=now, created_ns=time.time_ns(), status="processed", sha256="0" * 64,
+                         object_key=keys.upload(account_id, fid), stats={}))
+    return fid
+
+
+def job_spec(training_file: str, **overrides) -> dict:
+    from jobs.spec import JobSpec
+
+    fields = dict(model=JOB_MODEL, method_type="supervised", adapter="lora", n_epochs=1, batch_size=1,
+                  learning_rate=1e-3, learning_rate_multiplier=None, lora_rank=8, lora_alpha=16, max_seq_length=256,
+                  beta=None, seed=0, metadata={}, suffix=None, training_file=training_file, validation_file=None)
+    return JobSpec(**{**fields, **overrides}).record()
+
+
+def db_create_job(db, account_id: str, training_file: str, *, max_charge_usd: float = 1.00, now: int | None = None,
+                  created_at: int | None = None):
+    """The locked part of job create (serve_app/services/fine_tuning_jobs.create_job): under the
+    account's lock, the open-job limit, the row, its first event and admission. Returns the job id,
+    or the RateLimited refusal."""
+    import time
+
+    from sqlalchemy import select
+
+    from jobs import limits, transitions
+    from openft.errors import RateLimited
+    from openft.ids import job_id
+    from storage.models import Account, Job
+
+    now = now or int(time.time())
+    with db.session() as session:
+        account = session.scalar(select(Account).where(Account.id == account_id).with_for_update())
+        try:
+            limits.check_open_jobs(session, account)
+        except RateLimited as refusal:
+            return refusal
+        job = Job(id=job_id(), account_id=account_id, model=JOB_MODEL,
+                  created_at=created_at or now, created_ns=time.time_ns(), training_file=training_file, seed=0,
+                  spec=job_spec(training_file), quote={"per_token": {"trained_usd_per_mtok": 0.40, "minimum_usd": 0.50,
+                                                                     "max_charge_usd": max_charge_usd}},
+                  result_files=[], updated_at=now)
+        transitions.add_new(session, job, now)
+        transitions.admit(session, job, now)
+        return job.id

@@ -179,7 +179,7 @@ class JobController:
                         handle.abort()
                         raise LeaseLost()
                     renewed, progress = now, max(progress, seen)
-            if now > ticket.deadline + STOP_GRACE_S:
+            if now > ticket.deadline + min(STOP_GRACE_S, max(1.0, 0.1 * settings.job_time_limit_seconds)):
                 handle.abort()
                 return AttemptResult("failed", error_code="time_limit_exceeded", error_message=(
                     f"The job did not finish within its {settings.job_time_limit_seconds:.0f} s time limit, counted "

@@ -110,16 +110,14 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
             if row is not None and files_repo.get_file(session, account.id, row.id) is None:
                 raise file_not_found(param)  # deleted while the checks ran
         job = Job(
-            id=new_job_id(), account_id=account.id, model=spec.model, status="validating_files",
+            id=new_job_id(), account_id=account.id, model=spec.model,
             created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
             validation_file=spec.validation_file, seed=spec.seed,
             spec=(spec.with_derived(derived) if derived else spec).record(),
             job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix, quote=quote.model_dump(),
             estimated_finish=quote.estimated_finish(now), result_files=[], updated_at=now,
         )
-        session.add(job)
-        session.flush()
-        jobs_repo.add_event(session, job.id, now, f"Created fine-tuning job: {job.id}")
+        transitions.add_new(session, job, now)
         if derived:
             jobs_repo.add_event(
                 session, job.id, now, f"Distilled {derived['results_file']} with its requests "

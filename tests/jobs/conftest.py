@@ -1,0 +1,60 @@
+"""The job package and the controller's passes on a database of each test's own: a SQLite file, or
+a fresh PostgreSQL database on 127.0.0.1:5432 (where row locks really decide races).
+
+A fresh database per test: the controller's passes act on every job they find, so a shared
+database would let one test's reconcile requeue another test's jobs."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+import sqlalchemy as sa
+
+from openft.settings import Settings
+from storage.db import Database
+from tests.conftest import PG_ADMIN_URL, postgres_reachable
+
+
+@pytest.fixture
+def fresh_pg_url():
+    if not postgres_reachable():
+        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
+    name = f"openft_jobs_{uuid.uuid4().hex[:10]}"
+    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"CREATE DATABASE {name}")
+    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    with admin.connect() as conn:
+        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def backend(request, tmp_path):
+    """A settings factory on a fresh database of either kind: backend(**overrides) -> (settings, db)."""
+    url = request.getfixturevalue("fresh_pg_url") if request.param == "postgres" else None
+    made: list[Database] = []
+
+    def make(**overrides) -> tuple[Settings, Database]:
+        values = {"model_source": "standin", "controller_poll_seconds": 0.05, "run_lease_seconds": 2, **overrides}
+        settings = Settings(data_dir=tmp_path / "d", database_url=url, **values)
+        db = Database(settings.resolved_database_url())
+        made.append(db)
+        return settings, db
+
+    make.kind = request.param
+    yield make
+    for db in made:
+        db.dispose()
+
+
+@pytest.fixture
+def postgres(fresh_pg_url, tmp_path):
+    """PostgreSQL only: for races that SQLite's single writer cannot show."""
+    def make(**overrides) -> tuple[Settings, Database]:
+        values = {"model_source": "standin", "controller_poll_seconds": 0.05, "run_lease_seconds": 2, **overrides}
+        settings = Settings(data_dir=tmp_path / "d", database_url=fresh_pg_url, **values)
+        return settings, Database(settings.resolved_database_url())
+
+    return make

@@ -1,0 +1,103 @@
+"""The layout rules that keep one home for each concept, checked on the source (not on a list):
+the core imports nothing above it, the storage package has no import circle, only the job package
+writes a job's status, and object keys are built in storage/keys.py alone."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("openft", "jobs", "entrypoints", "serve_app", "pipelines", "train", "merge", "storage", "catalog")
+
+
+def modules(package: str):
+    for path in sorted((ROOT / package).rglob("*.py")):
+        if "migrations" not in path.parts:
+            yield path, ast.parse(path.read_text(), str(path))
+
+
+def imported(tree: ast.AST) -> set[str]:
+    """Every module an import statement names, at any depth (function-level imports count)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            out.add(node.module)
+            out.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return out
+
+
+def test_the_core_imports_no_entry_point_and_nothing_above_it():
+    above = ("entrypoints", "jobs", "serve_app", "train", "pipelines", "merge", "storage")
+    for path, tree in modules("openft"):
+        bad = sorted(m for m in imported(tree) if m.split(".")[0] in above)
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_nothing_below_the_top_floor_imports_an_entry_point():
+    for package in PACKAGES:
+        if package == "entrypoints":
+            continue
+        for path, tree in modules(package):
+            bad = sorted(m for m in imported(tree) if m.split(".")[0] == "entrypoints")
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def test_the_storage_package_has_no_import_circle():
+    graph = {}
+    for path, tree in modules("storage"):
+        name = "storage." + ".".join(path.relative_to(ROOT / "storage").with_suffix("").parts)
+        graph[name.removesuffix(".__init__")] = {m for m in imported(tree) if m.startswith("storage.")}
+    for name in graph:
+        graph[name] = {m for m in graph[name] if m in graph and m != name}
+
+    def reaches(start, goal, seen=()):
+        return any(n == goal or (n not in seen and reaches(n, goal, (*seen, n))) for n in graph[start])
+
+    circles = [name for name in graph if reaches(name, name)]
+    assert not circles, f"import circle through {circles}"
+    for path, tree in modules("storage"):  # and it imports nothing above it
+        bad = sorted(m for m in imported(tree) if m.split(".")[0] in ("jobs", "serve_app", "train", "entrypoints"))
+        assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+
+
+def _status_writes(tree: ast.AST) -> list[int]:
+    """Lines that assign `<x>.status` where x is a Job, or pass `status=` to Job(...) or update(Job)."""
+    lines = []
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+            node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]):
+                if isinstance(leaf, ast.Attribute) and leaf.attr == "status" and isinstance(leaf.value, ast.Name) \
+                        and re.fullmatch(r"(job|j|row|locked|waiting)", leaf.value.id):
+                    lines.append(node.lineno)
+        if isinstance(node, ast.Call) and any(k.arg == "status" for k in node.keywords):
+            func = node.func
+            called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""
+            text = ast.unparse(node)
+            if called == "Job" or (called == "values" and "update(Job)" in text):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_only_the_job_package_writes_a_jobs_status():
+    writers = {}
+    for package in PACKAGES:
+        for path, tree in modules(package):
+            if _status_writes(tree):
+                writers[str(path.relative_to(ROOT))] = _status_writes(tree)
+    assert set(writers) == {"jobs/transitions.py"}, writers
+
+
+def test_object_keys_are_laid_out_in_one_module():
+    layout = re.compile(r"""f["'](files|runs|tokenized|merges)/""")
+    found = []
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            if path != ROOT / "storage" / "keys.py" and layout.search(path.read_text()):
+                found.append(str(path.relative_to(ROOT)))
+    assert found == [], found
