@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test bench
+.PHONY: demo test test-faults bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
@@ -13,8 +13,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/openft demo
 
+# Everything that needs no GPU and no fault injection: real Ray, SQLite, PostgreSQL, SeaweedFS, the SDK.
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
+
+# Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 15 min).
+test-faults: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/validate.py

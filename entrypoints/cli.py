@@ -36,7 +36,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     context = start_ray(settings, host=args.host)
     base_url = deploy_api(settings, host=args.host, port=args.port)
-    ensure_controller(settings)
+    # Held for the life of the command: a non-detached actor whose last handle goes is destroyed.
+    controller = ensure_controller(settings)
     dashboard = getattr(context, "dashboard_url", None)
     if dashboard:
         token = "" if settings.ray_address else f" (token: {settings.data_dir.resolve() / 'ray_auth_token'})"
@@ -50,7 +51,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # no restart, or lost with its node) is started again here.
     while not stop.wait(CONTROLLER_CHECK_S):
         try:
-            ensure_controller(settings)
+            controller = ensure_controller(settings, controller)
         except Exception as exc:  # Ray unreachable for a moment: try again at the next check
             print(f"openft: controller check failed: {type(exc).__name__}", file=sys.stderr, flush=True)
     print("shutting down", flush=True)

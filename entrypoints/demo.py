@@ -71,7 +71,7 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
     context = start_ray(settings, num_cpus=None)
     try:
         base_url = deploy_api(settings, host=host, port=port)
-        start_controller(settings)
+        controller = start_controller(settings)  # held: the actor lives as long as a handle does
         print(f"openft API: {base_url}")
         if getattr(context, "dashboard_url", None):
             print(f"Ray dashboard: http://{context.dashboard_url} (token in {settings.data_dir / 'ray_auth_token'})")

@@ -64,7 +64,13 @@ def _lost(job: Job, now: int, alive: set[str], mine: str) -> bool:
     return job.lease_owner.startswith(mine) or (job.lease_expires_at or 0) < now
 
 
-def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str) -> list[str]:
+@dataclass(frozen=True)
+class Lost:
+    job_id: str
+    placement_group: str | None  # what the lost run reserved on the cluster, for the caller to free
+
+
+def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str) -> list[Lost]:
     """Lose every run nothing drives any more. `alive`: this controller's live runs' lease tokens;
     `mine`: the prefix of this controller's tokens (its runs not in `alive` are known dead)."""
     alive = set(alive)
@@ -77,8 +83,8 @@ def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str) -> lis
         with db.session() as session:
             job = transitions.lock_job(session, job_id)
             if job is not None and _lost(job, now, alive, mine):  # re-checked under the lock
+                lost.append(Lost(job_id, job.run_placement_group))
                 transitions.lose_run(session, job, now)
-                lost.append(job_id)
     return lost
 
 

@@ -252,7 +252,7 @@ def renew(session: Session, job_id: str, owner: str, now: int, lease_s: int) -> 
 def _release(job: Job, now: int) -> None:
     if job.run_started_at is not None:
         job.run_seconds = (job.run_seconds or 0.0) + max(0, now - job.run_started_at)
-    job.lease_owner = job.lease_expires_at = job.run_started_at = None
+    job.lease_owner = job.lease_expires_at = job.run_started_at = job.run_placement_group = None
     if job.control in ("pause", "cancel", "registering"):
         job.control = None
 

@@ -9,6 +9,7 @@ multi-tenant prefix) is one edit. Prefixes end in `/`; keys do not.
     tokenized/<sha256>/<base>@<rev>/<method>-<n>/ tokenized shards, shared by every job on those bytes
     runs/<job id>/checkpoints/                    a job's checkpoints (every attempt)
     runs/<job id>/adapter/                        its trained adapter
+    runs/<job id>/workers/<run name>              a run's Train worker has started (restart detection)
     merges/<account>/<merge id>/                  a merged-weights export
 """
 
@@ -46,6 +47,11 @@ def checkpoints(job_id: str) -> str:
 
 def adapter(job_id: str) -> str:
     return f"{run(job_id)}adapter/"
+
+
+def worker_mark(job_id: str, run_name: str) -> str:
+    """Left by a run's Train worker when it starts: a restarted worker finds it and resumes."""
+    return f"{run(job_id)}workers/{run_name}"
 
 
 def merge_export(account_id: str, merge_id: str) -> str:

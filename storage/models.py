@@ -103,6 +103,9 @@ class Job(Base):
     # Start of the current run, and the active seconds of the job's earlier runs: the time limit covers both.
     run_started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     run_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    # The Ray placement group of the run's Train workers (hex id): a run stopped from outside, or lost
+    # with its controller, leaves it reserved, so whoever stops or reconciles the run removes it.
+    run_placement_group: Mapped[str | None] = mapped_column(String(64), nullable=True)
 
 
 class JobEvent(Base):

@@ -9,6 +9,7 @@ import shutil
 import socket
 import tempfile
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,21 +82,40 @@ def ray_cluster(session_dir: Path, seaweed):
     ray.shutdown()
 
 
-@pytest.fixture(scope="session")
-def pg_database_url():
-    """A fresh PostgreSQL database for this session, dropped at the end."""
+@contextmanager
+def _new_pg_database(prefix: str):
+    """A fresh PostgreSQL database, dropped on exit; skips the test when no server is reachable."""
     if not postgres_reachable():
         pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432: the PostgreSQL runs are skipped")
     import sqlalchemy as sa
 
-    name = f"openft_test_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.dispose()
+    def admin(sql: str) -> None:
+        # A connection of its own each time: a test may restart the server in between.
+        engine = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", poolclass=sa.pool.NullPool)
+        with engine.connect() as conn:
+            conn.exec_driver_sql(sql)
+        engine.dispose()
+
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin(f"CREATE DATABASE {name}")
+    try:
+        yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
+    finally:
+        admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.fixture(scope="session")
+def pg_database_url():
+    """A fresh PostgreSQL database for this session, dropped at the end."""
+    with _new_pg_database("openft_test") as url:
+        yield url
+
+
+@pytest.fixture
+def fresh_pg_url():
+    """A PostgreSQL database of the test's own, dropped after it."""
+    with _new_pg_database("openft_t") as url:
+        yield url
 
 
 @dataclass

@@ -65,9 +65,13 @@ class JobController:
 
     # -- passes ---------------------------------------------------------------------------
     def reconcile(self) -> list[str]:
-        """Requeue (or fail) every run that nothing drives any more, this controller's dead ones included."""
+        """Requeue (or fail) every run that nothing drives any more, this controller's dead ones included,
+        and free what those runs had reserved on the cluster."""
         self._reap_threads()
-        return scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
+        lost = scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
+        for run in lost:
+            remove_placement_group(run.placement_group)
+        return [run.job_id for run in lost]
 
     def tick(self) -> list[str]:
         """One scheduling pass; returns the ids of the jobs it started."""
@@ -167,7 +171,7 @@ class JobController:
                 return result
             now = time.time()
             if self._stop.is_set():
-                handle.abort()
+                self._abort(run, handle)
                 raise LeaseLost()  # a stopping controller leaves the job to the next one's reconcile
             if now - renewed >= renew_every:
                 try:
@@ -176,18 +180,26 @@ class JobController:
                     log.warning("lease renewal of %s failed: %s", run.job_id, type(exc).__name__)
                 else:
                     if seen is None:
-                        handle.abort()
+                        self._abort(run, handle)
                         raise LeaseLost()
                     renewed, progress = now, max(progress, seen)
             if now > ticket.deadline + min(STOP_GRACE_S, max(1.0, 0.1 * settings.job_time_limit_seconds)):
-                handle.abort()
+                self._abort(run, handle)
                 return AttemptResult("failed", error_code="time_limit_exceeded", error_message=(
                     f"The job did not finish within its {settings.job_time_limit_seconds:.0f} s time limit, counted "
                     "from the start of each run; the run was stopped."))
             if now - progress > settings.run_stall_seconds:
-                handle.abort()
+                self._abort(run, handle)
                 return AttemptResult("failed", error_code="training_failed", error_message=(
                     f"The run made no progress for {settings.run_stall_seconds:.0f} s and was stopped."))
+
+    def _abort(self, run: scheduling.Started, handle) -> None:
+        """Stop the run's task, and free its Train workers' placement group: Ray Train removes it
+        itself only when its own controller ends cleanly."""
+        handle.abort()
+        with self.db.session() as session:
+            pg = session.scalar(select(Job.run_placement_group).where(Job.id == run.job_id, Job.lease_owner == run.owner))
+        remove_placement_group(pg)
 
     def _renew(self, run: scheduling.Started, now: int) -> int | None:
         with self.db.session() as session:
@@ -259,6 +271,21 @@ class JobController:
             return out
 
 
+def remove_placement_group(pg_hex: str | None) -> None:
+    """Remove a run's placement group if this cluster still has it (after a whole restart it is gone)."""
+    if not pg_hex:
+        return
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group as remove
+
+    found = ray.util.placement_group_table().get(pg_hex)
+    if found is not None and found.get("state") != "REMOVED":
+        from ray._raylet import PlacementGroupID
+
+        remove(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_hex))))
+        log.info("removed the placement group of a stopped run")
+
+
 CONTROLLER_NAME = "openft-controller"
 
 
@@ -271,12 +298,16 @@ def start_controller(settings: Settings, *, name: str = CONTROLLER_NAME):
     return actor_cls.options(name=name, get_if_exists=False).remote(settings, loop=True)
 
 
-def ensure_controller(settings: Settings, *, name: str = CONTROLLER_NAME):
-    """The controller actor, re-created if it is gone (`openft serve` checks this periodically)."""
+def ensure_controller(settings: Settings, current=None, *, name: str = CONTROLLER_NAME):
+    """The controller actor, started if none by that name is alive (`openft serve` checks this
+    periodically). Returns `current` while the actor lives: the creator's handle is what keeps a
+    non-detached actor alive, so it is never swapped for a looked-up one."""
     import ray
 
     try:
-        return ray.get_actor(name)
+        found = ray.get_actor(name)
     except ValueError:
-        log.warning("the job controller is gone; starting a new one")
+        if current is not None:
+            log.warning("the job controller is gone; starting a new one")
         return start_controller(settings, name=name)
+    return current if current is not None else found

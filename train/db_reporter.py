@@ -76,6 +76,14 @@ class DBReporter:
         self._write(lambda session: add_event(session, self.job_id, int(time.time()), message,
                                               level=_LEVELS.get(level, "info"), data=data), "event")
 
+    def placement_group(self, pg_hex: str) -> None:
+        """Record the run's Train placement group, while the run still holds the job's lease."""
+        def work(session):
+            session.execute(update(Job).where(Job.id == self.job_id, Job.lease_owner == self.owner)
+                            .values(run_placement_group=pg_hex))
+
+        self._write(work, "placement group")
+
     def control(self) -> str | None:
         """`pause` or `cancel` when the job's owner asked for it, `lost` when another run holds the
         job's lease; polled at most every interval. While the database is unreachable the last

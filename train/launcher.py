@@ -64,11 +64,30 @@ def train_worker(config: dict) -> dict:
     from train.dpo import train_dpo
     from train.sft import train_sft
 
+    from ray.util import get_current_placement_group
+
+    from storage import keys
+    from storage.objects import open_object_store
+    from train.checkpoint import latest_checkpoint
+
     job: TrainJob = config["job"]
     reporter: Reporter = config["reporter_factory"]()
-    if ray.train.get_checkpoint() is not None:
-        reporter.event("Worker lost, retrying from checkpoint.", level="warning")
-        job = dataclasses.replace(job, resume=True)
+    record = getattr(reporter, "placement_group", None)
+    pg = get_current_placement_group()
+    if record is not None and pg is not None:
+        record(pg.id.hex())
+    # A worker Ray Train restarted finds the mark its first life left: it resumes from the newest
+    # checkpoint in the store, whether or not Ray Train had registered that checkpoint's pointer
+    # when the worker died (a worker killed right after saving leaves the store ahead of Ray Train).
+    store = open_object_store(*job.store_spec)
+    mark = keys.worker_mark(job.job_id, job.run_name)
+    if ray.train.get_checkpoint() is not None or store.exists(mark):
+        resume = job.resume or latest_checkpoint(store, job.checkpoint_prefix) is not None
+        reporter.event("Worker lost, retrying from checkpoint." if resume else "Worker lost, retrying from the start.",
+                       level="warning")
+        job = dataclasses.replace(job, resume=resume)
+    else:
+        store.put_bytes(mark, b"")
     train_rows = [_plain(r) for r in _rows("train")]
     if job.eval_source == "validation_file":
         eval_rows = [_plain(r) for r in _rows("eval")]
@@ -141,8 +160,9 @@ def worker_lost(exc: BaseException) -> bool:
     """Whether Ray Train gave up because a worker process or its node died (not because the
     training code raised): the reference's `platform_interrupted`."""
     from ray.exceptions import ActorDiedError, NodeDiedError, RayActorError, WorkerCrashedError
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckTimeoutError
 
-    lost = (RayActorError, ActorDiedError, WorkerCrashedError, NodeDiedError)
+    lost = (RayActorError, ActorDiedError, WorkerCrashedError, NodeDiedError, WorkerHealthCheckTimeoutError)
     failures = list(getattr(exc, "worker_failures", {}).values())
     if not failures and getattr(exc, "controller_failure", None) is not None:
         failures = [exc.controller_failure]
@@ -151,7 +171,8 @@ def worker_lost(exc: BaseException) -> bool:
         while cause is not None:
             if isinstance(cause, lost):
                 return True
-            cause = cause.__cause__
+            # A dead worker reaches the controller as a failed health check wrapping the actor's death.
+            cause = getattr(cause, "health_check_failure", None) or cause.__cause__
     return False
 
 

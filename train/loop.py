@@ -117,13 +117,14 @@ class TrainLoop:
         key = save_checkpoint(
             self.store, self.job.checkpoint_prefix, p.step, adapter_state(self.model), self.optimizer.state_dict(), asdict(p)
         )
-        # The job's checkpoints endpoint lists these events (one per epoch end and pause).
+        if self.on_checkpoint is not None:
+            self.on_checkpoint(key)
+        # The job's checkpoints endpoint lists these events (one per epoch end and pause); the event
+        # comes last, once the checkpoint is stored and Ray Train has its pointer.
         self.reporter.event(
             f"Checkpoint saved at step {p.step}.",
             data={"checkpoint": {"step": p.step, "epoch": p.epoch, "train_loss": p.train_loss}},
         )
-        if self.on_checkpoint is not None:
-            self.on_checkpoint(key)
         return key
 
     def run(self, steps: Steps) -> TrainOutcome | None:

@@ -6,28 +6,10 @@ database would let one test's reconcile requeue another test's jobs."""
 
 from __future__ import annotations
 
-import uuid
-
 import pytest
-import sqlalchemy as sa
 
 from openft.settings import Settings
 from storage.db import Database
-from tests.conftest import PG_ADMIN_URL, postgres_reachable
-
-
-@pytest.fixture
-def fresh_pg_url():
-    if not postgres_reachable():
-        pytest.skip("PostgreSQL is not reachable on 127.0.0.1:5432")
-    name = f"openft_jobs_{uuid.uuid4().hex[:10]}"
-    admin = sa.create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"CREATE DATABASE {name}")
-    yield PG_ADMIN_URL.rsplit("/", 1)[0] + "/" + name
-    with admin.connect() as conn:
-        conn.exec_driver_sql(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-    admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

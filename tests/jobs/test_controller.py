@@ -17,19 +17,10 @@ from jobs import scheduling, transitions
 from storage.models import Job, JobEvent
 from tests.factories import db_account, db_create_job, db_training_file
 from tests.jobs.runs import ScriptedRuns
+from tests.utils.polling import until
 from train.controller import JobController
 
 DAY = 86400
-
-
-def until(check, what: str, timeout: float = 20):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def new_job(db, **kw) -> tuple[str, str]:
@@ -282,7 +273,11 @@ def test_lost_workers_are_platform_interrupted_and_raised_code_is_training_faile
 
     from train.launcher import worker_lost
 
+    from ray.train.v2._internal.exceptions import WorkerHealthCheckFailedError
+
     assert worker_lost(WorkerGroupError("lost", {0: ActorDiedError()}))
+    # What a SIGKILLed worker reaches Ray Train's controller as (seen in tests/faults).
+    assert worker_lost(WorkerGroupError("lost", {0: WorkerHealthCheckFailedError("poll failed", ActorDiedError())}))
     assert not worker_lost(WorkerGroupError("raised", {0: ValueError("a bug")}))
 
 

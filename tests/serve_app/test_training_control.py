@@ -27,19 +27,10 @@ from storage.db import Database
 from storage.models import FineTunedModel, Job
 from tests.serve_app.test_billing import put_job
 from tests.serve_app.test_training_api import events, wait
+from tests.utils.polling import until
 from train.registration import model_name
 
 MODEL = "qwen2.5-0.5b-instruct"
-
-
-def until(check, what: str, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def new_client(api):

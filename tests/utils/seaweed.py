@@ -38,6 +38,16 @@ class SeaweedServer:
     log_path: Path
     ports: dict[str, int] = field(default_factory=dict)
     startup_s: float = 0.0
+    cmd: list[str] = field(default_factory=list)
+
+    def restart(self, timeout_s: float = 30.0) -> None:
+        """Start the stopped server again on its data and ports (an outage that ends)."""
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                self.cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, preexec_fn=_die_with_parent
+            )
+        if not _wait_ready(self, timeout_s):
+            raise RuntimeError(f"weed mini did not come back; last lines:\n{self.log_tail()}")
 
     def stop(self) -> None:
         # The data directory is thrown away, so there is nothing to flush: kill at once.
@@ -60,10 +70,11 @@ def weed_binary() -> str:
     return found
 
 
-def start_seaweed(workdir: Path, *, timeout_s: float = 30.0) -> SeaweedServer:
-    """Start `weed mini` with its data in `workdir` and wait until its S3 gateway answers."""
+def start_seaweed(workdir: Path, *, timeout_s: float = 30.0, secret_key: str | None = None) -> SeaweedServer:
+    """Start `weed mini` with its data in `workdir` and wait until its S3 gateway answers.
+    `secret_key`: reuse a running server's (the credentials Ray's workers were started with)."""
     workdir.mkdir(parents=True, exist_ok=True)
-    access_key, secret_key = "openft-test", secrets.token_hex(16)
+    access_key, secret_key = "openft-test", secret_key or secrets.token_hex(16)
     config = workdir / "s3.json"
     identity = {
         "name": "admin",
@@ -108,6 +119,7 @@ def _launch(data_dir: Path, config: Path, access_key: str, secret_key: str) -> S
         process=process,
         log_path=log_path,
         ports=ports,
+        cmd=cmd,
     )
 
 

@@ -18,6 +18,7 @@ COLUMNS = (
     ("progress_at", sa.BigInteger),
     ("waiting_since", sa.BigInteger),
     ("run_started_at", sa.BigInteger),
+    ("run_placement_group", sa.String(64)),
 )
 
 

@@ -1,0 +1,70 @@
+"""Fault injection with real processes: each test runs real stand-in training on Ray Train and
+breaks something real mid-run (a process group, an actor, a Train worker, PostgreSQL, the S3
+server). `make test-faults` runs them; `make test` does not (they take about 15 minutes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+@pytest.fixture
+def service(apis):
+    """A deployment of its own plus its controller actor: service(name, controller=None, **settings)
+    -> (api, handle).
+    Short leases so that a lost run is reconciled within seconds."""
+    import ray
+
+    from train.controller import start_controller
+
+    made = []
+
+    def make(name: str, controller: dict | None = None, **overrides):
+        api = apis(f"{name}-{uuid.uuid4().hex[:6]}", **{"run_lease_seconds": 5, **overrides})
+        # `controller`: settings the controller runs with where they differ from the API's.
+        handle = start_controller(api.settings.model_copy(update=controller or {}), name=f"ctl-{api.name}")
+        made.append(handle)
+        return api, handle
+
+    yield make
+    for handle in made:
+        try:
+            ray.get(handle.stop.remote(), timeout=30)
+        except Exception:  # killed by the test and not restarted
+            pass
+        ray.kill(handle)
+
+
+def processes_matching(text: str) -> list[int]:
+    """Pids whose command line contains `text` (Ray names its workers' processes `ray::<Class>...`)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if text in cmdline:
+                pids.append(int(entry.name))
+    return pids
+
+
+def train_worker_pid(timeout: float = 120) -> int:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = processes_matching("ray::RayTrainWorker")
+        if len(pids) == 1:
+            return pids[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no single Ray Train worker process within {timeout} s")
+
+
+def kill(pid: int, sig=signal.SIGKILL) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

@@ -1,0 +1,262 @@
+"""Faults injected into real runs (stand-in base, CPU Ray Train worker), each ending in a defined
+state with nothing lost: a succeeded job has one model, one charge and coherent events; a failed
+one has its code and no model.
+
+- SIGKILL of the whole `openft serve` process group mid-training, then a restart on the same data
+  dir (SQLite and PostgreSQL): the run's lease lapses, the restarted controller requeues it once and
+  it resumes from its checkpoint.
+- `ray.kill` of the controller actor mid-run: Ray restarts it, and it takes the job over.
+- SIGKILL of the Ray Train worker mid-step: Ray Train restarts it from its checkpoint; killed
+  twice, the job fails `platform_interrupted`.
+- SIGSTOP of the Train worker (a hung step): the stall watchdog stops the run, `training_failed`.
+- PostgreSQL restarted mid-job: the run and the controller ride through.
+- The S3 server stopped mid-run and started again: the job resumes or fails with a code; it never
+  succeeds without its adapter.
+- A time limit shorter than Ray Train's start: the run is stopped, `time_limit_exceeded`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import boto3
+import openai
+import pytest
+from sqlalchemy import select
+
+from entrypoints.ray_runtime import ray_temp_dir
+from openft.demo_data import ticket_splits
+from openft.settings import Settings
+from storage.db import Database
+from storage.models import FineTunedModel, Job, LedgerEntry
+from storage.objects import open_object_store
+from tests.conftest import Api, free_port
+from tests.faults.conftest import kill, processes_matching, train_worker_pid
+from tests.serve_app.test_training_api import events, wait
+from tests.serve_app.test_training_control import event_matching, first_metrics, in_db, model_rows, new_client, \
+    start_job
+from tests.utils.polling import until
+
+pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("ray_cluster")]
+
+ROWS = ticket_splits()[0][:100]  # 95 training rows after the holdout, batch 1: 95 steps an epoch
+CHECKPOINT = r"Checkpoint saved at step \d+\."
+
+
+def messages(client, job_id: str) -> list[str]:
+    return [e.message for e in events(client, job_id)]
+
+
+def assert_succeeded_once(api, client, job, *, attempts: int, epochs: int = 3):
+    done = wait(client, job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    said = messages(client, job.id)
+    assert said.count("The job has successfully completed.") == 1
+    assert said.count("Fine-tuning job started.") == attempts
+    assert done.model_extra["gridline"]["result"]["steps"] == 95 * epochs  # the whole schedule, across runs
+    assert model_rows(api, job.id) == [done.fine_tuned_model]
+    assert in_db(api, lambda s: s.get(Job, job.id).attempts) == attempts
+    assert in_db(api, lambda s: s.get(Job, job.id).lease_owner) is None
+    return done, said
+
+
+# -- the whole service killed and restarted -------------------------------------------------------
+def _env(data_dir: Path, database_url: str | None) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "OPENFT_"))}
+    env.update(OPENFT_MODEL_SOURCE="standin", OPENFT_BILLING_ENABLED="true", OPENFT_RUN_LEASE_SECONDS="5",
+               OPENFT_CONTROLLER_POLL_SECONDS="0.5", OPENFT_DATA_DIR=str(data_dir))
+    if database_url:
+        env["OPENFT_DATABASE_URL"] = database_url
+    return env
+
+
+def _openft(env, *args) -> str:
+    return subprocess.run([sys.executable, "-m", "entrypoints.cli", *args], env=env, capture_output=True, text=True,
+                          timeout=180, check=True).stdout
+
+
+def _serve(env, port: int) -> tuple[subprocess.Popen, str]:
+    server = subprocess.Popen([sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(port)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines, deadline = [], time.monotonic() + 240
+    while time.monotonic() < deadline:
+        line = server.stdout.readline()
+        assert line, "openft serve exited:\n" + "".join(lines[-40:])
+        lines.append(line)
+        if line.startswith("openft API:"):
+            # Keep reading its output so that the pipe never fills and blocks the server.
+            import threading
+
+            threading.Thread(target=server.stdout.read, daemon=True).start()
+            return server, line.split(": ", 1)[1].strip()
+    raise AssertionError("openft serve did not start:\n" + "".join(lines[-40:]))
+
+
+def _kill_service(server: subprocess.Popen, data_dir: Path) -> None:
+    """SIGKILL the server's process group and every process of its Ray cluster, as a crash of the
+    machine's service would: nothing gets to clean up."""
+    try:
+        os.killpg(server.pid, signal.SIGKILL)
+    except ProcessLookupError:  # killed already
+        pass
+    server.wait(timeout=30)
+    marker = str(ray_temp_dir(Settings(data_dir=data_dir)))
+    until(lambda: [kill(pid) for pid in processes_matching(marker)] == [], "the old cluster's processes to die", 60)
+
+
+@pytest.mark.parametrize("database", ["sqlite", "postgres"])
+def test_sigkill_of_the_serve_process_group_then_a_restart_finishes_the_job_once(database, request):
+    database_url = request.getfixturevalue("fresh_pg_url") if database == "postgres" else None
+    data_dir = Path(tempfile.mkdtemp(prefix="oftkill-"))
+    env = _env(data_dir, database_url)
+    key = _openft(env, "accounts", "create", "alice").strip().splitlines()[-1]
+    _openft(env, "accounts", "credit", "alice", "50.00")
+    port = free_port()
+    server, base_url = _serve(env, port)
+    try:
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
+        job = start_job(client, ROWS, n_epochs=3)
+        event_matching(client, job.id, CHECKPOINT, timeout=300)  # it trains, with a checkpoint to resume from
+        _kill_service(server, data_dir)
+
+        server, base_url = _serve(env, port)
+        client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=2)
+        api = Api("serve", Settings(data_dir=data_dir, database_url=database_url), base_url)
+        done, said = assert_succeeded_once(api, client, job, attempts=2)
+        assert sum(m.startswith("The run was lost") for m in said) == 1
+        assert any(m.startswith("Resumed from the checkpoint at step ") for m in said)
+        db = Database(api.settings.resolved_database_url(), migrate=False)
+        with db.session() as session:
+            kinds = session.scalars(select(LedgerEntry.kind).where(LedgerEntry.job_id == job.id)).all()
+            assert sorted(kinds) == ["charge", "hold", "release"]
+            assert session.scalar(select(Job.charge).where(Job.id == job.id))["cents"] > 0
+        db.dispose()
+    finally:
+        _kill_service(server, data_dir)
+
+
+# -- the controller actor killed ------------------------------------------------------------------
+def test_ray_kill_of_the_controller_actor_mid_run_resumes_scheduling_and_the_job_finishes(service):
+    import ray
+
+    api, handle = service("ctlkill")
+    client = new_client(api)
+    job = start_job(client, ROWS, n_epochs=3)
+    event_matching(client, job.id, CHECKPOINT, timeout=300)
+    before = ray.get(handle.controller_id.remote())
+    ray.kill(handle, no_restart=False)  # the actor dies with its run's task; Ray restarts it
+    until(lambda: _restarted_id(handle, before), "the controller's restart", 120)
+    _, said = assert_succeeded_once(api, client, job, attempts=2)
+    assert sum(m.startswith("The run was lost") for m in said) == 1
+
+
+def _restarted_id(handle, before: str) -> str | None:
+    import ray
+
+    try:
+        now = ray.get(handle.controller_id.remote(), timeout=10)
+    except Exception:
+        return None
+    return now if now != before else None
+
+
+# -- the Train worker killed, or hung ------------------------------------------------------------
+def test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint(service):
+    api, _ = service("workerkill")
+    client = new_client(api)
+    job = start_job(client, ROWS, n_epochs=3)
+    event_matching(client, job.id, CHECKPOINT, timeout=300)
+    kill(train_worker_pid())
+    _, said = assert_succeeded_once(api, client, job, attempts=1)  # Ray Train's own retry, same attempt
+    assert "Worker lost, retrying from checkpoint." in said
+    assert any(m.startswith("Resumed from the checkpoint at step ") for m in said)
+
+
+def test_a_train_worker_lost_twice_fails_platform_interrupted(service):
+    api, _ = service("workerkill2")
+    client = new_client(api)
+    job = start_job(client, ticket_splits()[0], n_epochs=10)  # about 2,000 steps: outlives two worker starts
+    first_metrics(client, job.id)
+    first = train_worker_pid()
+    kill(first)
+    event_matching(client, job.id, r"Worker lost, retrying from (checkpoint|the start)\.", timeout=240)
+    until(lambda: train_worker_pid() != first, "the restarted worker", 120)
+    kill(train_worker_pid())
+    done = wait(client, job.id, timeout=300)
+    assert (done.status, done.error.code, done.fine_tuned_model) == ("failed", "platform_interrupted", None)
+    assert events(client, job.id)[-1].data == {"code": "platform_interrupted"}
+    assert model_rows(api, job.id) == []
+
+
+def test_a_hung_train_worker_is_stopped_by_the_stall_watchdog(service):
+    api, _ = service("stall", run_stall_seconds=60)  # above Ray Train's start, which writes nothing
+    client = new_client(api)
+    job = start_job(client, ROWS, n_epochs=3)
+    first_metrics(client, job.id)
+    pid = train_worker_pid()
+    kill(pid, signal.SIGSTOP)
+    try:
+        done = wait(client, job.id, timeout=180)
+    finally:
+        kill(pid, signal.SIGCONT)
+    assert (done.status, done.error.code) == ("failed", "training_failed")
+    assert "no progress for 60 s" in done.error.message
+    until(lambda: pid not in processes_matching("ray::RayTrainWorker"), "the hung worker's end", 60)
+
+
+def test_a_time_limit_shorter_than_the_runs_start_stops_it(service):
+    """The limit counts from the run's start: model load, tokenization and Ray Train's start (about
+    30 s here) are past it before a step runs. The create's quote checks the limit too, so the
+    operator lowers it after create: the controller bounds the accepted job by the limit it runs with."""
+    api, _ = service("limit", controller={"job_time_limit_seconds": 20})
+    client = new_client(api)
+    job = start_job(client, ROWS[:20], n_epochs=1, batch_size=4)
+    done = wait(client, job.id, timeout=240)
+    assert (done.status, done.error.code, done.fine_tuned_model) == ("failed", "time_limit_exceeded", None)
+    assert model_rows(api, job.id) == []
+
+
+# -- the database and the object store go away ----------------------------------------------------
+def test_postgres_restarted_mid_job_is_ridden_through(service, fresh_pg_url):
+    api, _ = service("pgrestart", database_url=fresh_pg_url)
+    client = new_client(api)
+    job = start_job(client, ROWS, n_epochs=3)
+    first_metrics(client, job.id)
+    cluster = next(iter(sorted(os.listdir("/etc/postgresql"))))
+    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True, timeout=120)
+    assert_succeeded_once(api, client, job, attempts=1)
+
+
+def test_s3_stopped_mid_run_and_started_again_never_succeeds_without_its_adapter(service, seaweed, tmp_path):
+    from tests.utils.seaweed import start_seaweed
+
+    store_server = start_seaweed(tmp_path / "weed", secret_key=seaweed.secret_key)
+    try:
+        boto3.client("s3", endpoint_url=store_server.endpoint_url, region_name="us-east-1").create_bucket(Bucket="faults")
+        api, _ = service("s3outage", storage_url="s3://faults/openft", s3_endpoint_url=store_server.endpoint_url)
+        client = new_client(api)
+        job = start_job(client, ROWS, n_epochs=2)
+        first_metrics(client, job.id)
+        store_server.stop()  # before the first epoch's checkpoint: it is written during the outage
+        time.sleep(12)
+        store_server.restart()
+        done = wait(client, job.id, timeout=600)
+        if done.status == "succeeded":
+            store = open_object_store(api.settings.resolved_storage_url(), s3_endpoint_url=store_server.endpoint_url)
+            files = in_db(api, lambda s: s.scalar(select(FineTunedModel.files).where(FineTunedModel.job_id == job.id)))
+            prefix = in_db(api, lambda s: s.scalar(select(FineTunedModel.adapter_prefix).where(
+                FineTunedModel.job_id == job.id)))
+            for name, meta in files.items():
+                assert hashlib.sha256(store.get_bytes(f"{prefix}/{name}")).hexdigest() == meta["sha256"]
+        else:
+            assert done.status == "failed" and done.error.code, done
+            assert model_rows(api, job.id) == []
+    finally:
+        store_server.stop()
