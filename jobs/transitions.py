@@ -276,6 +276,14 @@ def run_ended(session: Session, job_id: str, owner: str, now: int, *, paused: bo
     return Moved(True, job.status)
 
 
+def run_lost(session: Session, job_id: str, owner: str, now: int) -> Moved:
+    """The run's own driver saw it lost (its task's worker or node died): `lose_run`, with the lease proven."""
+    job = owned(session, job_id, owner)
+    if job is None:
+        return Moved(False, None, "the lease is not the caller's")
+    return lose_run(session, job, now)
+
+
 def run_failed(session: Session, job_id: str, owner: str, now: int, code: str, message: str) -> Moved:
     job = owned(session, job_id, owner)
     if job is None:

@@ -51,7 +51,8 @@ class RunTicket:
 
 @dataclass(frozen=True)
 class AttemptResult:
-    status: Literal["succeeded", "paused", "cancelled", "failed"]
+    # lost: the run's process or node died under it (a Ray system failure, not the job's fault)
+    status: Literal["succeeded", "paused", "cancelled", "failed", "lost"]
     result: dict | None = None
     error_code: str | None = None
     error_message: str | None = None
@@ -125,11 +126,20 @@ class RayRun:
         self.ref = ref
 
     def wait(self, timeout: float) -> AttemptResult | None:
-        """The result once the task has ended, else None. A task that raised re-raises here."""
+        """The result once the task has ended, else None. A task whose code raised re-raises here;
+        a task that Ray lost (its worker or node died, it was cancelled) ends `lost`."""
         import ray
+        from ray.exceptions import RayError, RayTaskError
 
         ready, _ = ray.wait([self.ref], timeout=timeout)
-        return ray.get(self.ref) if ready else None
+        if not ready:
+            return None
+        try:
+            return ray.get(self.ref)
+        except RayTaskError:
+            raise
+        except RayError:
+            return AttemptResult("lost")
 
     def abort(self) -> None:
         import ray

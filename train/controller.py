@@ -250,6 +250,8 @@ class JobController:
 
         def work():
             with self.db.session() as session:
+                if result.status == "lost":
+                    return transitions.run_lost(session, run.job_id, run.owner, now)
                 if result.status == "failed":
                     return transitions.run_failed(session, run.job_id, run.owner, now, result.error_code or
                                                   "training_failed", result.error_message or "Training failed.")

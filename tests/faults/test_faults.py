@@ -33,6 +33,7 @@ from sqlalchemy import select
 
 from entrypoints.ray_runtime import ray_temp_dir
 from openft.demo_data import ticket_splits
+from openft.holdout import holdout_size
 from openft.settings import Settings
 from storage.db import Database
 from storage.models import FineTunedModel, Job, LedgerEntry
@@ -46,7 +47,11 @@ from tests.utils.polling import until
 
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("ray_cluster")]
 
-ROWS = ticket_splits()[0][:100]  # 95 training rows after the holdout, batch 1: 95 steps an epoch
+# 206 training rows after the holdout, batch 1, 10 epochs: 2,060 steps, long enough (20 s and more
+# here) that a fault injected after the first checkpoint lands mid-run, not after the last step.
+ROWS = ticket_splits()[0]
+EPOCHS = 10
+STEPS = (len(ROWS) - holdout_size(len(ROWS))) * EPOCHS
 CHECKPOINT = r"Checkpoint saved at step \d+\."
 
 
@@ -54,13 +59,13 @@ def messages(client, job_id: str) -> list[str]:
     return [e.message for e in events(client, job_id)]
 
 
-def assert_succeeded_once(api, client, job, *, attempts: int, epochs: int = 3):
+def assert_succeeded_once(api, client, job, *, attempts: int):
     done = wait(client, job.id, timeout=600)
     assert done.status == "succeeded", done.error
     said = messages(client, job.id)
     assert said.count("The job has successfully completed.") == 1
     assert said.count("Fine-tuning job started.") == attempts
-    assert done.model_extra["gridline"]["result"]["steps"] == 95 * epochs  # the whole schedule, across runs
+    assert done.model_extra["gridline"]["result"]["steps"] == STEPS  # the whole schedule, across runs
     assert model_rows(api, job.id) == [done.fine_tuned_model]
     assert in_db(api, lambda s: s.get(Job, job.id).attempts) == attempts
     assert in_db(api, lambda s: s.get(Job, job.id).lease_owner) is None
@@ -122,7 +127,7 @@ def test_sigkill_of_the_serve_process_group_then_a_restart_finishes_the_job_once
     server, base_url = _serve(env, port)
     try:
         client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
-        job = start_job(client, ROWS, n_epochs=3)
+        job = start_job(client, ROWS, n_epochs=EPOCHS)
         event_matching(client, job.id, CHECKPOINT, timeout=300)  # it trains, with a checkpoint to resume from
         _kill_service(server, data_dir)
 
@@ -148,7 +153,7 @@ def test_ray_kill_of_the_controller_actor_mid_run_resumes_scheduling_and_the_job
 
     api, handle = service("ctlkill")
     client = new_client(api)
-    job = start_job(client, ROWS, n_epochs=3)
+    job = start_job(client, ROWS, n_epochs=EPOCHS)
     event_matching(client, job.id, CHECKPOINT, timeout=300)
     before = ray.get(handle.controller_id.remote())
     ray.kill(handle, no_restart=False)  # the actor dies with its run's task; Ray restarts it
@@ -171,7 +176,7 @@ def _restarted_id(handle, before: str) -> str | None:
 def test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint(service):
     api, _ = service("workerkill")
     client = new_client(api)
-    job = start_job(client, ROWS, n_epochs=3)
+    job = start_job(client, ROWS, n_epochs=EPOCHS)
     event_matching(client, job.id, CHECKPOINT, timeout=300)
     kill(train_worker_pid())
     _, said = assert_succeeded_once(api, client, job, attempts=1)  # Ray Train's own retry, same attempt
@@ -182,7 +187,7 @@ def test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint(servic
 def test_a_train_worker_lost_twice_fails_platform_interrupted(service):
     api, _ = service("workerkill2")
     client = new_client(api)
-    job = start_job(client, ticket_splits()[0], n_epochs=10)  # about 2,000 steps: outlives two worker starts
+    job = start_job(client, ROWS, n_epochs=EPOCHS)
     first_metrics(client, job.id)
     first = train_worker_pid()
     kill(first)
@@ -198,7 +203,7 @@ def test_a_train_worker_lost_twice_fails_platform_interrupted(service):
 def test_a_hung_train_worker_is_stopped_by_the_stall_watchdog(service):
     api, _ = service("stall", run_stall_seconds=60)  # above Ray Train's start, which writes nothing
     client = new_client(api)
-    job = start_job(client, ROWS, n_epochs=3)
+    job = start_job(client, ROWS, n_epochs=EPOCHS)
     first_metrics(client, job.id)
     pid = train_worker_pid()
     kill(pid, signal.SIGSTOP)
@@ -227,7 +232,7 @@ def test_a_time_limit_shorter_than_the_runs_start_stops_it(service):
 def test_postgres_restarted_mid_job_is_ridden_through(service, fresh_pg_url):
     api, _ = service("pgrestart", database_url=fresh_pg_url)
     client = new_client(api)
-    job = start_job(client, ROWS, n_epochs=3)
+    job = start_job(client, ROWS, n_epochs=EPOCHS)
     first_metrics(client, job.id)
     cluster = next(iter(sorted(os.listdir("/etc/postgresql"))))
     subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True, timeout=120)
@@ -242,7 +247,7 @@ def test_s3_stopped_mid_run_and_started_again_never_succeeds_without_its_adapter
         boto3.client("s3", endpoint_url=store_server.endpoint_url, region_name="us-east-1").create_bucket(Bucket="faults")
         api, _ = service("s3outage", storage_url="s3://faults/openft", s3_endpoint_url=store_server.endpoint_url)
         client = new_client(api)
-        job = start_job(client, ROWS, n_epochs=2)
+        job = start_job(client, ROWS, n_epochs=EPOCHS)
         first_metrics(client, job.id)
         store_server.stop()  # before the first epoch's checkpoint: it is written during the outage
         time.sleep(12)

@@ -23,9 +23,9 @@ from train.db_reporter import DBReporter
 
 
 class ScriptedRun:
-    def __init__(self, ticket: RunTicket, *, steps: int, step_s: float, hang: bool, crash: bool):
+    def __init__(self, ticket: RunTicket, *, steps: int, step_s: float, hang: bool, crash: bool, lose: bool = False):
         self.ticket = ticket
-        self.steps, self.step_s, self.hang, self.crash = steps, step_s, hang, crash
+        self.steps, self.step_s, self.hang, self.crash, self.lose = steps, step_s, hang, crash, lose
         self.aborted = threading.Event()
         self.done = threading.Event()
         self.result: AttemptResult | None = None
@@ -59,6 +59,8 @@ class ScriptedRun:
                 time.sleep(self.step_s)
             if self.crash:
                 raise RuntimeError("the run's process died")
+            if self.lose:  # what RayRun.wait answers when Ray lost the task (its worker or node died)
+                return AttemptResult("lost")
             store = open_object_store(t.settings.resolved_storage_url())
             prefix = keys.adapter(t.job_id)
             store.put_bytes(prefix + "adapter_model.safetensors", b"\0" * 64)
@@ -81,13 +83,15 @@ class ScriptedRun:
 class ScriptedRuns:
     """Launches scripted runs and keeps every ticket it was given (what the controller handed a run)."""
 
-    def __init__(self, *, steps: int = 5, step_s: float = 0.02, hang: bool = False, crash: bool = False):
-        self.steps, self.step_s, self.hang, self.crash = steps, step_s, hang, crash
+    def __init__(self, *, steps: int = 5, step_s: float = 0.02, hang: bool = False, crash: bool = False,
+                 lose: bool = False):
+        self.steps, self.step_s, self.hang, self.crash, self.lose = steps, step_s, hang, crash, lose
         self.tickets: list[RunTicket] = []
         self.launched: list[ScriptedRun] = []
 
     def launch(self, ticket: RunTicket) -> ScriptedRun:
         self.tickets.append(ticket)
-        run = ScriptedRun(ticket, steps=self.steps, step_s=self.step_s, hang=self.hang, crash=self.crash)
+        run = ScriptedRun(ticket, steps=self.steps, step_s=self.step_s, hang=self.hang, crash=self.crash,
+                          lose=self.lose)
         self.launched.append(run)
         return run

@@ -180,6 +180,21 @@ def test_a_run_whose_thread_died_is_requeued_at_the_next_pass(backend, controlle
     assert sum("The run was lost" in m for m in messages(db, job_id)) == 1
 
 
+def test_a_run_ray_lost_is_queued_again_not_failed(backend, controllers, ray_cluster):
+    """Seen in tests/faults: when the service dies, Ray's node goes first and the still-running
+    controller sees its run's task fail with NodeDiedError. That is a lost run (requeued once, then
+    platform_interrupted), not a training failure; the database outlives Ray and keeps what it says."""
+    settings, db = backend()
+    _, job_id = new_job(db)
+    ctl = controllers(settings, ScriptedRuns(steps=2, lose=True))
+    assert ctl.tick() == [job_id]
+    until(lambda: row(db, job_id).status == "queued", "the lost run's requeue")
+    assert row(db, job_id).error is None and row(db, job_id).lease_owner is None
+    assert until(lambda: ctl.tick(), "the second run's start") == [job_id]
+    job = ended(db, job_id)
+    assert (job.status, job.error["code"], job.attempts) == ("failed", "platform_interrupted", 2)
+
+
 def test_two_controllers_never_both_drive_a_job_and_the_lease_hands_over(postgres, controllers, ray_cluster):
     settings, db = postgres(max_concurrent_runs=2, train_worker_resources={})
     jobs = [new_job(db)[1] for _ in range(3)]
