@@ -17,7 +17,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
-# Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 15 min).
+# Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 11 min here).
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 
