@@ -24,6 +24,7 @@ from sqlalchemy.orm import Session
 from openft.errors import RateLimited
 from openft.settings import Settings
 from storage import billing
+from storage import jobs as jobs_repo
 from storage.accounts import limits_row
 from storage.jobs import OPEN_STATUSES
 from storage.models import Account, AccountLimits, FineTunedModel, Job
@@ -60,18 +61,11 @@ def effective(session: Session, account: Account, settings: Settings) -> Limits:
     return Limits(open_jobs=account.open_jobs_limit, usd_per_day_cents=day, models=models)
 
 
-def open_jobs(session: Session, account_id: str, *, except_job: str | None = None) -> int:
-    query = select(func.count()).select_from(Job).where(Job.account_id == account_id, Job.status.in_(OPEN_STATUSES))
-    if except_job is not None:
-        query = query.where(Job.id != except_job)
-    return session.scalar(query)
-
-
 def models_in_use(session: Session, account_id: str, *, except_job: str | None = None) -> int:
     """Stored models plus open jobs (each reserves a model slot until it ends)."""
     models = session.scalar(select(func.count()).select_from(FineTunedModel).where(
         FineTunedModel.account_id == account_id, FineTunedModel.deleted_at.is_(None)))
-    return models + open_jobs(session, account_id, except_job=except_job)
+    return models + jobs_repo.count_open_jobs(session, account_id, except_job=except_job)
 
 
 def committed_cents(session: Session, account_id: str, start: int, end: int) -> int:
@@ -88,7 +82,7 @@ def committed_cents(session: Session, account_id: str, start: int, end: int) -> 
 
 def usage(session: Session, account: Account, now: int) -> Usage:
     start, end = utc_day(now)
-    return Usage(open_jobs=open_jobs(session, account.id), models=models_in_use(session, account.id),
+    return Usage(open_jobs=jobs_repo.count_open_jobs(session, account.id), models=models_in_use(session, account.id),
                  committed_cents=committed_cents(session, account.id, start, end), day_resets_at=end)
 
 
@@ -101,7 +95,7 @@ def open_jobs_refusal(limit: int, current: int) -> RateLimited:
 
 
 def check_open_jobs(session: Session, account: Account) -> None:
-    current = open_jobs(session, account.id)
+    current = jobs_repo.count_open_jobs(session, account.id)
     if current >= account.open_jobs_limit:
         raise open_jobs_refusal(account.open_jobs_limit, current)
 
@@ -139,7 +133,7 @@ def check_model_quota(session: Session, job: Job, default_models: int) -> tuple[
     quota = row.models if row is not None and row.models is not None else default_models
     used = models_in_use(session, job.account_id, except_job=job.id)
     if used >= quota:
-        held = used - open_jobs(session, job.account_id, except_job=job.id)
+        held = used - jobs_repo.count_open_jobs(session, job.account_id, except_job=job.id)
         return held, quota
     return None
 

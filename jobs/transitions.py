@@ -39,7 +39,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from storage import billing
-from storage.jobs import ENDED_STATUSES, OPEN_STATUSES, add_event
+from storage.jobs import ENDED_STATUSES, add_event
 from storage.models import Account, Job, SchedulerLock
 
 SLOT_STATUSES = ("queued", "running", "paused")
@@ -364,7 +364,3 @@ def expire_wait(session: Session, job: Job, now: int, limit_s: float) -> Moved:
         error = _error("job_expired", f"The job did not finish within its time limit: it waited {hours:g} hours to "
                        "run again without capacity becoming free.")
     return finish(session, job, "failed", now, error=error)
-
-
-def is_open(job: Job) -> bool:
-    return job.status in OPEN_STATUSES

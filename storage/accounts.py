@@ -51,10 +51,6 @@ def get_account_by_name(session: Session, name: str) -> Account | None:
     return session.scalar(select(Account).where(Account.name == name))
 
 
-def set_open_jobs_limit(session: Session, account: Account, limit: int) -> None:
-    account.open_jobs_limit = limit
-
-
 def limits_row(session: Session, account_id: str) -> AccountLimits:
     """The account's operator-set limits row, created empty on first use (jobs/limits.py reads it)."""
     row = session.get(AccountLimits, account_id)

@@ -22,10 +22,11 @@ def file_in_running_job(session: Session, file_id: str) -> bool:
     return session.scalar(query) > 0
 
 
-def count_open_jobs(session: Session, account_id: str) -> int:
-    return session.scalar(
-        select(func.count()).select_from(Job).where(Job.account_id == account_id, Job.status.in_(OPEN_STATUSES))
-    )
+def count_open_jobs(session: Session, account_id: str, *, except_job: str | None = None) -> int:
+    query = select(func.count()).select_from(Job).where(Job.account_id == account_id, Job.status.in_(OPEN_STATUSES))
+    if except_job is not None:
+        query = query.where(Job.id != except_job)
+    return session.scalar(query)
 
 
 def get_job(session: Session, account_id: str, job_id: str, *, for_update: bool = False) -> Job | None:
