@@ -503,3 +503,19 @@ def test_jobs_survive_a_restart(api, account, serve_port):
     again = redeploy(api, serve_port).client(key)
     assert again.fine_tuning.jobs.retrieve(job.id).model_dump() == job.model_dump()
     assert again.fine_tuning.jobs.list_events(job.id).data == events
+
+
+def test_create_refuses_a_job_that_cannot_fit_the_services_time_limit(apis):
+    """A deployment whose `job_time_limit_seconds` (100) is below the quote's start-up allowance:
+    every create is refused `job_too_large` on `training_file`, and no job is created."""
+    api = apis("short-limit", job_time_limit_seconds=100)
+    _, key = api.create_account()
+    client = api.client(key)
+    train = upload(client, TRAIN).id
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=train)
+    body = caught.value.body
+    assert (caught.value.status_code, body["code"], body["param"]) == (400, "job_too_large", "training_file")
+    assert "over the 100-second limit" in body["message"]
+    assert job_ids(client) == []
+    assert client.files.retrieve(train).status == "processed"

@@ -149,3 +149,19 @@ def test_price_table():
     assert quote_job(job(), file_facts(), None, custom).per_token.max_charge_usd == 2.60
     tiny = file_facts(token_upper_bound=1000, token_estimates={"qwen2.5-7b-instruct": 1000})
     assert quote_job(job(), tiny, None, custom).per_token.max_charge_usd == 1.25
+
+
+def test_the_time_limit_setting_decides_what_fits_not_the_speed():
+    """The quote counts the service's `job_time_limit_seconds`, not a hard-coded 7,200 s; the
+    catalog's fit tokens stay a speed."""
+    spec, facts = job(hyperparameters={"n_epochs": 3}), file_facts()
+    two_hours, one_hour = estimate_workload(spec, facts, None), estimate_workload(spec, facts, None, 3600)
+    fit = 5_280_000  # qwen2.5-7b-instruct, lora: tokens per 7,200 s
+    assert two_hours.fit_tokens == (7200 - 120 - 46) * fit // 7200
+    assert one_hour.fit_tokens == (3600 - 120 - 46) * fit // 7200
+    assert (one_hour.seconds, one_hour.tokens_per_second) == (two_hours.seconds, two_hours.tokens_per_second)
+    assert quote_job(spec, facts, None, PRICES).estimated_seconds == 4257  # fits 2 hours
+    with pytest.raises(InvalidRequest) as caught:
+        quote_job(spec, facts, None, PRICES, time_limit_s=3600)
+    assert (caught.value.status, caught.value.code, caught.value.param) == (400, "job_too_large", "training_file")
+    assert "over the 1-hour limit" in caught.value.message
