@@ -61,3 +61,24 @@ class RateLimited(ServiceError):
 
     def __init__(self, message: str, *, limit: float, current: float, code: str = "limit_exceeded", param: str | None = None):
         super().__init__(message, code=code, param=param, limit={"limit": limit, "current": current})
+
+
+# Naming the refused field is the reference's rule, but a name is the caller's data: echoed in
+# `message` and `param`, a 50 MB key made a 100 MB error. Names up to this length are echoed;
+# longer ones (no parameter of this API is that long) are refused without it.
+ECHOED_NAME_CHARS = 64
+
+
+def unknown_parameter(key: str, parent: str | None = None) -> InvalidRequest:
+    """`400 unknown_parameter` for `key` in the object at dotted path `parent` (None: the body).
+    A key longer than ECHOED_NAME_CHARS is not echoed: `param` is then `parent` (a path of our
+    own names), or null at the top level."""
+    if len(key) > ECHOED_NAME_CHARS:
+        where = parent or "The request body"
+        return InvalidRequest(
+            f"{where} has a parameter name longer than {ECHOED_NAME_CHARS} characters; no parameter of this API is "
+            "that long: remove it.",
+            code="unknown_parameter", param=parent,
+        )
+    param = f"{parent}.{key}" if parent else key
+    return InvalidRequest(f"{param} is not a parameter of this API; remove it.", code="unknown_parameter", param=param)

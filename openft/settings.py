@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -103,9 +104,35 @@ class Settings(BaseSettings):
     merge_deadline_seconds: float = Field(900.0, description="A merge attempt running longer is stopped (merge_timeout).")
     signing_secret: str | None = Field(
         None,
-        description="HMAC key of the app's signed download URLs (local storage); default a random key kept in "
-        "the data dir. Set it when API replicas do not share a data dir.",
+        description="Secret of the app's download URLs (local storage): their tokens are encrypted and "
+        "authenticated with a key derived from it; default a random key kept in the data dir. Set it when API "
+        "replicas do not share a data dir.",
     )
+
+    # -- API surface (issue 12): who may read the API docs, and the base of the URLs redirects name --
+    api_docs_public: bool = Field(
+        False,
+        description="Serve /openapi.json, /docs and /redoc without a key. Off: they need a valid account key "
+        "(Authorization: Bearer), like every /v1 route; a browser sends none, so a laptop that wants the "
+        "interactive docs sets OPENFT_API_DOCS_PUBLIC=true.",
+    )
+    public_base_url: str | None = Field(
+        None,
+        description="The URL clients reach this API at, without /v1 (https://ft.example.com, or "
+        "https://example.com/openft behind a path prefix); redirects (merged-file downloads) point under it. "
+        "Unset: their Location is relative (/v1/..., after the Serve route prefix), which a client resolves "
+        "against the URL it called, so it works on a laptop and never names a host taken from the request.",
+    )
+
+    @field_validator("public_base_url")
+    @classmethod
+    def _plain_base_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parsed = urlsplit(value)
+        if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.query or parsed.fragment:
+            raise ValueError("public_base_url must be an http(s) URL with a host and no query, e.g. https://ft.example.com")
+        return value.rstrip("/")
 
     @field_validator("data_dir")
     @classmethod

@@ -10,7 +10,8 @@ from fastapi import APIRouter, FastAPI
 
 from openft.settings import Settings
 from serve_app.errors import install_error_handlers
-from serve_app.routers import adapters, admin, files, fine_tuning_jobs, models
+from serve_app.request_body import BodyLimit
+from serve_app.routers import adapters, admin, api_docs, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
 from serve_app.state import AppState
 
@@ -37,7 +38,8 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
         finally:
             task.cancel()
 
-    app = FastAPI(title="openft", lifespan=lifespan)
+    # FastAPI's own schema and docs routes answer anyone; serve_app/routers/api_docs.py replaces them.
+    app = FastAPI(title="openft", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.openft = state
     install_error_handlers(app)
     v1 = APIRouter(prefix="/v1")
@@ -45,6 +47,11 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(fine_tuning_jobs.router)
     v1.include_router(models.router)
     v1.include_router(adapters.router)
-    v1.include_router(admin.router)
+    # Without an admin key the admin API answers 404, so the schema must not list it either.
+    v1.include_router(admin.router, include_in_schema=bool(settings.admin_key))
     app.include_router(v1)
+    app.include_router(api_docs.router, dependencies=api_docs.access(settings))
+    # Innermost of the app's middleware: one that times out slow bodies must be added after this
+    # (outside it), so that the reads BodyLimit makes go through it.
+    app.add_middleware(BodyLimit, routes=app.router.routes)
     return app

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from openft.errors import ServiceError
+from openft.errors import ECHOED_NAME_CHARS, ServiceError, unknown_parameter
 
 log = logging.getLogger("openft.api")
 
@@ -24,16 +24,25 @@ def _envelope(status: int, message: str, *, type_: str, code: str | None, param:
     )
 
 
+def error_response(exc: ServiceError, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A service error as its HTTP response (also for ASGI middleware, which runs outside the handlers)."""
+    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
         loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-        param = ".".join(loc) or None
+        if first.get("type") == "extra_forbidden" and loc:  # a pydantic body model's unknown field
+            return error_response(unknown_parameter(loc[-1], ".".join(loc[:-1]) or None))
+        # A path can hold the caller's own names (the keys of a dict field): cut it before a long one.
+        long = next((i for i, part in enumerate(loc) if len(part) > ECHOED_NAME_CHARS), len(loc))
+        param = ".".join(loc[:long]) or None
         return _envelope(
             400, f"Invalid value for {param or 'the request'}: {first.get('msg')}.",
             type_="invalid_request_error", code="invalid_value", param=param,

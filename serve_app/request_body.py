@@ -1,14 +1,134 @@
-"""JSON request bodies: parsed with orjson, refused in OpenAI's envelope when not an object."""
+"""Request bodies: every route's maximum, enforced before the app reads a byte, and JSON bodies
+parsed with orjson and refused in OpenAI's envelope when not an object.
+
+`BodyLimit` is the one place the maxima are enforced, for the routes that read the body
+themselves (`json_object`) and for those whose pydantic body model FastAPI reads (the admin
+API) alike. It sits in front of the router: it picks the route's limit from `BODY_LIMITS`,
+refuses a `Content-Length` above it before reading anything, else reads the body (chunked or
+not) message by message and stops as soon as it passes the limit: `413 request_too_large`,
+`param` null, the limit in the message, and `Connection: close`, so the server stops reading the
+rest instead of draining it. A body within the limit is handed on whole; the JSON routes read
+their bodies whole anyway, so this costs no memory they did not already use.
+
+The check runs before authentication: an anonymous caller can make the app hold at most one
+route's limit, never more.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+
 import orjson
 from fastapi import Request
+from fastapi.routing import iter_route_contexts
+from starlette._utils import get_route_path  # the router's own rule for a path under root_path
+from starlette.routing import BaseRoute, compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openft.errors import InvalidRequest
+from openft.errors import InvalidRequest, PayloadTooLarge
+from serve_app.errors import error_response
+
+KIB, MIB = 1024, 1024 * 1024
+DEFAULT_BODY_LIMIT = 64 * KIB
+# The maximum body of each route, by route name (the handler's name); every route not named here
+# takes DEFAULT_BODY_LIMIT (64 KiB: distill options, the admin API's credits and limits, and the
+# bodiless POSTs the SDK sends as `{}`). None: the route streams its body through a reader that
+# bounds it itself.
+BODY_LIMITS: dict[str, int | None] = {
+    # model, files, method, hyperparameters, 16 metadata pairs of 64 + 512 characters: a real body
+    # is a few KiB; 1 MiB leaves room without letting a create hold much.
+    "create_fine_tuning_job": 1 * MIB,
+    # multipart uploads, bounded part by part by serve_app/multipart_stream.py
+    "create_file": None,
+}
+
+
+def route_limits(routes: Sequence[BaseRoute]) -> list[tuple[re.Pattern, frozenset[str], int | None]]:
+    """(path regex, methods, limit) of every route, in the router's order."""
+    table = []
+    for route in iter_route_contexts(routes):
+        if route.path is not None:
+            regex, _, _ = compile_path(route.path)
+            table.append((regex, frozenset(route.methods or ()), BODY_LIMITS.get(route.name or "", DEFAULT_BODY_LIMIT)))
+    return table
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"The request body is larger than {limit:,} bytes, the limit of this route; send a smaller body.",
+        code="request_too_large",
+        param=None,
+    )
+
+
+def _declared_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"content-length":
+            try:
+                return int(value)
+            except ValueError:  # the HTTP server refuses these before the app; if not, count the bytes
+                return None
+    return None
+
+
+class BodyLimit:
+    """ASGI middleware: each route's body limit (see the module docstring). Starlette builds the
+    middleware stack on the first request, after every route is included, so the table is whole."""
+
+    def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]):
+        self.app = app
+        self.table = route_limits(routes)
+
+    def limit(self, scope: Scope) -> int | None:
+        """The limit of the route `scope` goes to; DEFAULT_BODY_LIMIT where none matches (a 404 or 405)."""
+        path = get_route_path(scope)
+        for regex, methods, limit in self.table:
+            if scope["method"] in methods and regex.match(path):
+                return limit
+        return DEFAULT_BODY_LIMIT
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        limit = self.limit(scope) if scope["type"] == "http" else None
+        if limit is None:
+            await self.app(scope, receive, send)
+            return
+        declared = _declared_length(scope)
+        if declared is not None and declared > limit:
+            await self._refuse(limit, scope, receive, send)
+            return
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: nobody to answer
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                await self._refuse(limit, scope, receive, send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        await self.app(scope, _replay(b"".join(chunks), receive), send)
+
+    @staticmethod
+    async def _refuse(limit: int, scope: Scope, receive: Receive, send: Send) -> None:
+        await error_response(_too_large(limit), headers={"connection": "close"})(scope, receive, send)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` that gives the buffered body once, then what the server sends (a disconnect)."""
+    pending: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replayed() -> Message:
+        return pending.pop() if pending else await receive()
+
+    return replayed
 
 
 async def json_object(request: Request) -> dict:
+    """The body as a JSON object; `BodyLimit` has already bounded it."""
     try:
         body = orjson.loads(await request.body())
     except orjson.JSONDecodeError:

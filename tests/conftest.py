@@ -178,6 +178,18 @@ def apis(request, session_dir: Path, serve_port: int):
     return get
 
 
+ADMIN_KEY = "admin-test-key-0123456789"
+
+
+@pytest.fixture(scope="session")
+def admin_api(apis) -> Api:
+    """The deployment with an admin key (`ADMIN_KEY`), billing on, public API docs and a public base
+    URL for redirects: one, shared by the billing and API-surface tests, since each deployment costs
+    tens of seconds on a busy machine."""
+    return apis("billing", billing_enabled=True, admin_key=ADMIN_KEY, api_docs_public=True,
+                public_base_url="https://ft.example.com/openft")  # fmt: skip
+
+
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])
 def api(request, apis) -> Api:
     return apis(request.param)

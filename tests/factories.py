@@ -313,3 +313,52 @@ def db_create_job(db, account_id: str, training_file: str, *, max_charge_usd: fl
         transitions.add_new(session, job, now)
         transitions.admit(session, job, now)
         return job.id
+
+
+def db_ft_model(db, store, account_id: str, files: dict[str, bytes] | None = None) -> str:
+    """A registered `ft:` model (its row and adapter objects, as the controller stores them after a
+    job) without training one; returns its name."""
+    import hashlib
+    import time
+
+    from openft.ids import job_id
+    from storage.models import Account, FineTunedModel
+    from train.registration import model_name
+
+    files = files or {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": b"\0" * 64}
+    job = job_id()
+    prefix = f"runs/{job}/adapter"
+    for name, data in files.items():
+        store.put_bytes(f"{prefix}/{name}", data)
+    with db.session() as session:
+        name = model_name(JOB_MODEL, session.get(Account, account_id).org_id, job)
+        session.add(FineTunedModel(
+            id=name, account_id=account_id, job_id=job, base=JOB_MODEL, servable=True, adapter_prefix=prefix,
+            files={n: {"sha256": hashlib.sha256(d).hexdigest(), "bytes": len(d)} for n, d in files.items()},
+            created_at=int(time.time()), created_ns=time.time_ns(),
+        ))  # fmt: skip
+    return name
+
+
+def db_export(db, store, account_id: str, model: str, files: dict[str, bytes]) -> str:
+    """A succeeded merge of `model` holding `files` (path -> bytes), as the merge worker records
+    one; returns its export prefix."""
+    import hashlib
+    import time
+
+    from openft.ids import new_id
+    from storage import keys
+    from storage.models import Merge
+
+    now, merge_id = int(time.time()), new_id("merge-", 24)
+    prefix = keys.merge_export(account_id, merge_id)
+    for path, data in files.items():
+        store.put_bytes(f"{prefix}/{path}", data)
+    listed = [{"path": p, "bytes": len(d), "sha256": hashlib.sha256(d).hexdigest()} for p, d in files.items()]
+    with db.session() as session:
+        session.add(Merge(
+            id=merge_id, account_id=account_id, model=model, base=JOB_MODEL, status="succeeded", export_prefix=prefix,
+            adapter_sha256={}, attempts=1, files=listed, bytes=sum(len(d) for d in files.values()),
+            delete_requested=False, created_at=now, created_ns=time.time_ns(), finished_at=now, expires_at=now + 86400,
+        ))  # fmt: skip
+    return prefix

@@ -1,6 +1,6 @@
 """HTTP routes under `/v1/gridline`: adapter downloads, merged weights (`/adapters/{model}/merged`),
-and the signed download URLs of the local storage backend (`/blobs/{token}`, no bearer key: the
-signature is the credential; see serve_app/services/merges.py)."""
+and the download URLs of the local storage backend (`/blobs/{token}`, no bearer key: the opaque token
+is the credential; see serve_app/services/merges.py)."""
 
 from __future__ import annotations
 
@@ -38,15 +38,24 @@ def delete_merged_weights(model: str, request: Request, account: Account = Depen
     return merges.delete_merged(request.app.state.openft, account, model)
 
 
+def _blob_url(request: Request, token: str) -> str:
+    """Under `Settings.public_base_url`, else relative to this app's mount point (the Serve route
+    prefix, from the deployment, not the client): never built from the request's Host or
+    X-Forwarded-* headers, which any client can set."""
+    path = request.app.url_path_for("download_blob", token=token)
+    base = request.app.state.openft.settings.public_base_url
+    return f"{base}{path}" if base else f"{request.scope.get('root_path', '').rstrip('/')}{path}"
+
+
 @router.get("/adapters/{model}/merged/files/{path:path}")
 def download_merged_file(model: str, path: str, request: Request, account: Account = Depends(current_account)):
     url, sha256 = merges.merged_file_url(
-        request.app.state.openft, account, model, path, lambda token: str(request.url_for("download_blob", token=token))
+        request.app.state.openft, account, model, path, lambda token: _blob_url(request, token)
     )
     return RedirectResponse(url, status_code=302, headers={"x-gridline-sha256": sha256})
 
 
 @router.get("/blobs/{token}", name="download_blob")
 def download_blob(token: str, request: Request):
-    payload, chunks = merges.open_blob(request.app.state.openft, token)
-    return digest_stream(chunks, sha256=payload["s"], size=payload["b"], name=payload["n"], attachment=True)
+    blob, chunks = merges.open_blob(request.app.state.openft, token)
+    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from openft.errors import InvalidRequest
+from openft.errors import InvalidRequest, unknown_parameter
 from openft.ids import file_id as new_file_id
 from pipelines.distill import DistillOptions
 from pipelines.distill_ray import build_distill
@@ -37,7 +37,7 @@ def _source(state: AppState, account: Account, file_id, param: str, purpose: str
 def parse_options(body: dict) -> DistillOptions:
     for key in body:
         if key not in BODY_KEYS:
-            raise InvalidRequest(f"Unknown parameter {key}.", code="unknown_parameter", param=key)
+            raise unknown_parameter(key)
     return DistillOptions(**{k: body[k] for k in OPTION_KEYS if k in body and body[k] is not None})
 
 

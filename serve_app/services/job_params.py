@@ -8,7 +8,8 @@ table records, then `quote.quote_job`. Pure functions: no HTTP, database or Ray.
 Decisions (not fixed by the reference):
 - Every refusal is `InvalidRequest` (400) with `param` the dotted path the caller used
   (`hyperparameters.lora_rank` or `method.supervised.hyperparameters.lora_rank`). Codes:
-  `unknown_parameter` (a field we do not know, or `beta` on a supervised job),
+  `unknown_parameter` (a field we do not know, or `beta` on a supervised job; a name longer than
+  64 characters is not echoed: param is the object holding it, null at the top level),
   `missing_required_parameter`, `invalid_value` (wrong type or out of range: a string where a
   number is expected is `invalid_value`, as is `true` for an integer), `model_not_available`
   (from the catalog), `unsupported_method` (reinforcement, param `method.type`),
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from catalog.bases import BASES, BaseModelSpec, get_base
-from openft.errors import InvalidRequest
+from openft.errors import InvalidRequest, unknown_parameter
 from jobs.spec import JobSpec
 from openft.holdout import holdout_size
 
@@ -80,17 +81,13 @@ def _invalid(message: str, param: str | None, code: str = "invalid_value") -> In
     return InvalidRequest(message, code=code, param=param)
 
 
-def _unknown(param: str) -> InvalidRequest:
-    return _invalid(f"{param} is not a parameter of this API; remove it.", param, "unknown_parameter")
-
-
 def parse_create_request(body: dict, *, seed_factory: Callable[[], int]) -> JobSpec:
     """Validate a create body and fill every default; raises `InvalidRequest` on the first fault."""
     if not isinstance(body, dict):
         raise _invalid("The request body must be a JSON object.", None, "invalid_request")
     for key in body:
         if key not in CREATE_FIELDS:
-            raise _unknown(key)
+            raise unknown_parameter(key)
     base = get_base(_string(body, "model", required=True))
     training_file = _string(body, "training_file", required=True)
     validation_file = _string(body, "validation_file")
@@ -139,7 +136,7 @@ def _method(raw: Any, base: BaseModelSpec) -> tuple[str, str, Any]:
         raise _invalid('method must be "lora", "qlora" or an object {"type": "supervised" | "dpo", ...}.', "method")
     for key in raw:
         if key != "type" and key not in METHOD_TYPES:
-            raise _unknown(f"method.{key}")
+            raise unknown_parameter(key, "method")
     method_type = raw.get("type")
     if method_type is None:
         raise _invalid("method.type is required: supervised or dpo.", "method.type", "missing_required_parameter")
@@ -160,7 +157,7 @@ def _method(raw: Any, base: BaseModelSpec) -> tuple[str, str, Any]:
         raise _invalid(f"method.{method_type} must be an object.", f"method.{method_type}")
     for key in settings:
         if key not in ("hyperparameters", "adapter"):
-            raise _unknown(f"method.{method_type}.{key}")
+            raise unknown_parameter(key, f"method.{method_type}")
     adapter = settings.get("adapter")
     adapter = base.default_adapter if adapter is None else _adapter(adapter, base, f"method.{method_type}.adapter")
     return method_type, adapter, settings.get("hyperparameters")
@@ -194,7 +191,7 @@ def _hyperparameters_source(top: Any, in_method: Any, method_type: str) -> tuple
 def _hyperparameters(raw: dict, path: str, base: BaseModelSpec, method_type: str, adapter: str) -> dict[str, Any]:
     for key in raw:
         if key not in HYPERPARAMETER_KEYS:
-            raise _unknown(f"{path}.{key}")
+            raise unknown_parameter(key, path)
     if raw.get("beta") is not None and method_type != "dpo":
         raise _invalid(f"{path}.beta applies to DPO jobs only (method.type dpo).", f"{path}.beta", "unknown_parameter")
 

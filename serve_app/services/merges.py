@@ -13,18 +13,14 @@ open-jobs limit); holding 4 exports or 64 GB answers `429 merge_weights_quota` (
 deleting one). A merge that would pass 64 GB once its size is known fails with the same code.
 
 Downloads redirect to the stored object: an S3 presigned URL, or on the local backend a URL of this
-app (`/v1/gridline/blobs/{token}`) whose token is an HMAC-signed `{key, sha256, name, expiry}`.
-That route takes no bearer key: the signature is the credential, as with a presigned URL, so
-download tools that drop `Authorization` on redirects work the same on both backends.
+app (`/v1/gridline/blobs/{token}`) whose token is the encrypted, authenticated `{key, sha256, size,
+name, expiry}` (serve_app/services/blob_tokens.py): it shows nothing of the account or the object.
+That route takes no bearer key: the token is the credential, as with a presigned URL, so download
+tools that drop `Authorization` on redirects work the same on both backends.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
-import hmac
-import json
 import time
 from typing import Callable, Iterator
 
@@ -34,6 +30,7 @@ from merge.worker import DAILY_MERGES, MAX_EXPORT_BYTES, MAX_EXPORTS, merge_requ
 from openft.errors import InvalidRequest, NotFound, RateLimited
 from openft.ids import new_id
 from serve_app.schemas.merges import MergedFile, MergedWeights, MergedWeightsDeleted, MergeErrorInfo
+from serve_app.services.blob_tokens import Blob, seal, unseal
 from serve_app.services.models import get_ft_model
 from serve_app.state import AppState
 from storage import keys
@@ -152,7 +149,7 @@ def delete_merged(state: AppState, account: Account, model: str) -> MergedWeight
 def merged_file_url(state: AppState, account: Account, model: str, path: str,
                     blob_url: Callable[[str], str]) -> tuple[str, str]:  # fmt: skip
     """(redirect URL, sha256) of one file of the model's export; `blob_url(token)` is this app's
-    signed-download URL for a token, used where the store cannot presign."""
+    download URL for a token, used where the store cannot presign."""
     now = state.now()
     with state.db.session() as session:
         get_ft_model(session, account, model)
@@ -166,35 +163,17 @@ def merged_file_url(state: AppState, account: Account, model: str, path: str,
     name = path.rsplit("/", 1)[-1]
     url = state.store.presigned_get_url(key, URL_TTL_S, headers={"Content-Disposition": f'attachment; filename="{name}"'})
     if url is None:
-        url = blob_url(sign_blob(state.settings.resolved_signing_secret(), key, entry["sha256"], entry["bytes"], name,
-                                 now + URL_TTL_S))  # fmt: skip
+        blob = Blob(key=key, sha256=entry["sha256"], size=entry["bytes"], name=name, expires=now + URL_TTL_S)
+        url = blob_url(seal(state.settings.resolved_signing_secret(), blob))
     return url, entry["sha256"]
 
 
-def sign_blob(secret: bytes, key: str, sha256: str, size: int, name: str, expires: int) -> str:
-    payload = json.dumps({"k": key, "s": sha256, "b": size, "n": name, "e": expires}, separators=(",", ":")).encode()
-    body = base64.urlsafe_b64encode(payload).rstrip(b"=")
-    return f"{body.decode()}.{_signature(secret, body)}"
-
-
-def _signature(secret: bytes, body: bytes) -> str:
-    digest = hmac.new(secret, b"openft-blob:" + body, hashlib.sha256).digest()
-    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
-
-
-def open_blob(state: AppState, token: str) -> tuple[dict, Iterator[bytes]]:
-    """The signed payload `{k, s, b, n, e}` and the object's chunks; 404 for a bad or expired link."""
-    invalid = NotFound("This download link is not valid or has expired; request the file through .../merged/files/ again.")
-    body, _, signature = token.partition(".")
-    if not hmac.compare_digest(signature.encode(), _signature(state.settings.resolved_signing_secret(), body.encode()).encode()):
-        raise invalid
+def open_blob(state: AppState, token: str) -> tuple[Blob, Iterator[bytes]]:
+    """The blob a download token grants and its chunks; 404 for a bad or expired link."""
+    blob = unseal(state.settings.resolved_signing_secret(), token)
+    if blob is None or blob.expires <= state.now():
+        raise NotFound("This download link is not valid or has expired; request the file through .../merged/files/ again.")
     try:
-        payload = json.loads(base64.urlsafe_b64decode(body + "=" * (-len(body) % 4)))
-    except (binascii.Error, ValueError):
-        raise invalid from None
-    if payload["e"] <= state.now():
-        raise invalid
-    try:
-        return payload, state.store.iter_chunks(payload["k"])
+        return blob, state.store.iter_chunks(blob.key)
     except ObjectNotFound:
         raise NotFound("The file is no longer stored: its export was deleted or expired.") from None

@@ -35,10 +35,10 @@ from storage.models import Account, FineTunedModel, Job, JobEvent, LedgerEntry
 from storage.objects import open_object_store
 from train.attempt import AttemptResult
 from train.controller import LeaseLost
+from tests.conftest import ADMIN_KEY
 from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, upload
 
-ADMIN_KEY = "admin-test-key-0123456789"
 MODEL = "qwen2.5-0.5b-instruct"
 DAY = 86400
 
@@ -262,8 +262,8 @@ def test_charge_is_applied_once_across_a_controller_restart(own):
 
 # -- through the API, billing on ----------------------------------------------------------------
 @pytest.fixture(scope="module")
-def bapi(apis):
-    return apis("billing", billing_enabled=True, admin_key=ADMIN_KEY)
+def bapi(admin_api):
+    return admin_api
 
 
 @pytest.fixture(scope="module")

@@ -252,6 +252,11 @@ def test_seed_metadata_suffix_integrations():
 
 TOP_REFUSALS = [
     ({"foo": 1}, "unknown_parameter", "foo"),
+    ({"k" * 64: 1}, "unknown_parameter", "k" * 64),
+    ({"k" * 65: 1}, "unknown_parameter", None),  # too long to echo (openft.errors.ECHOED_NAME_CHARS)
+    ({"hyperparameters": {"k" * 65: 1}}, "unknown_parameter", "hyperparameters"),
+    ({"method": {"type": "supervised", "k" * 65: {}}}, "unknown_parameter", "method"),
+    ({"method": {"type": "supervised", "supervised": {"k" * 65: 1}}}, "unknown_parameter", "method.supervised"),
     ({"model": "gpt-4o-mini"}, "model_not_available", "model"),
     ({"model": "ft:qwen2.5-7b-instruct:o1:abc"}, "model_not_available", "model"),
     ({"model": None}, "missing_required_parameter", "model"),

@@ -11,6 +11,7 @@ import json
 import subprocess
 import time
 from dataclasses import dataclass
+from urllib.parse import urljoin
 
 import httpx
 import openai
@@ -24,7 +25,7 @@ from catalog.standins import MANIFEST, standin_dir
 from merge.run import ADAPTER_CONFIG, ADAPTER_MODEL
 from merge.worker import EXPORT_TTL_S, MAX_EXPORT_BYTES, claim_pending_merges, process_merge, run_pending_merges
 from openft.ids import new_id
-from serve_app.services.merges import sign_blob
+from serve_app.services.blob_tokens import Blob, seal
 from serve_app.state import AppState
 from storage.models import Account, FineTunedModel, Merge
 from tests.merge.builders import Adapter, train_adapter
@@ -119,7 +120,7 @@ def test_merge_downloads_load_and_match_peft(api, env, account, adapters, tmp_pa
     for name, entry in listed.items():
         redirect = httpx.get(f"{api.base_url}{path}/files/{name}", headers={"authorization": f"Bearer {key}"})
         assert redirect.status_code == 302 and redirect.headers["x-gridline-sha256"] == entry["sha256"]
-        blob = httpx.get(redirect.headers["location"])  # no bearer key: the signed URL is the credential
+        blob = httpx.get(urljoin(api.base_url, redirect.headers["location"]))  # no bearer key: the URL is the credential
         assert blob.status_code == 200, blob.text
         assert blob.headers["x-gridline-sha256"] == entry["sha256"] == _sha(blob.content)
         assert len(blob.content) == entry["bytes"]
@@ -142,13 +143,14 @@ def test_merge_downloads_load_and_match_peft(api, env, account, adapters, tmp_pa
         assert torch.equal(ours(IDS).logits, peft_model(IDS).logits)
         assert not torch.equal(ours(IDS).logits, AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16)(IDS).logits)
 
-    location = httpx.get(f"{api.base_url}{path}/files/LICENSE", headers={"authorization": f"Bearer {key}"}).headers["location"]
-    signature = location.rpartition(".")[2]
-    forged = location.replace(signature, ("A" if signature[0] != "A" else "B") + signature[1:])
+    location = urljoin(api.base_url, httpx.get(f"{api.base_url}{path}/files/LICENSE",
+                                               headers={"authorization": f"Bearer {key}"}).headers["location"])  # fmt: skip
+    token = location.rpartition("/")[2]
+    forged = location[: -len(token)] + ("A" if token[0] != "A" else "B") + token[1:]
     assert _error(httpx.get(forged), 404)["code"] == "not_found"
     entry, prefix = listed["LICENSE"], env.row(account_id, model).export_prefix
-    stale = sign_blob(api.settings.resolved_signing_secret(), f"{prefix}/LICENSE", entry["sha256"], entry["bytes"],
-                      "LICENSE", int(time.time()) - 1)  # fmt: skip
+    stale = seal(api.settings.resolved_signing_secret(), Blob(f"{prefix}/LICENSE", entry["sha256"], entry["bytes"],
+                                                              "LICENSE", int(time.time()) - 1))  # fmt: skip
     assert _error(httpx.get(location.rpartition("/")[0] + "/" + stale), 404)["code"] == "not_found"
 
     # Seven days on, the worker expires the export and deletes its objects; a POST merges again.
