@@ -11,7 +11,10 @@ rest instead of draining it. A body within the limit is handed on whole; the JSO
 their bodies whole anyway, so this costs no memory they did not already use.
 
 The check runs before authentication: an anonymous caller can make the app hold at most one
-route's limit, never more.
+route's limit, never more. FastAPI's own `max_body_size` is not used: its 413 is plain text, not
+OpenAI's envelope, whenever the response starts before the body is read (a 401, any GET), and a
+route cannot opt out of an app-wide default, as the streamed upload must. A new route that
+streams its body must be named in `BODY_LIMITS` with None.
 """
 
 from __future__ import annotations
@@ -44,13 +47,17 @@ BODY_LIMITS: dict[str, int | None] = {
 }
 
 
+def limit_of(route_name: str) -> int | None:
+    return BODY_LIMITS.get(route_name, DEFAULT_BODY_LIMIT)
+
+
 def route_limits(routes: Sequence[BaseRoute]) -> list[tuple[re.Pattern, frozenset[str], int | None]]:
     """(path regex, methods, limit) of every route, in the router's order."""
     table = []
     for route in iter_route_contexts(routes):
         if route.path is not None:
             regex, _, _ = compile_path(route.path)
-            table.append((regex, frozenset(route.methods or ()), BODY_LIMITS.get(route.name or "", DEFAULT_BODY_LIMIT)))
+            table.append((regex, frozenset(route.methods or ()), limit_of(route.name or "")))
     return table
 
 

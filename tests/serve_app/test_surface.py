@@ -21,7 +21,7 @@ from fastapi.routing import iter_route_contexts
 
 from openft.errors import ECHOED_NAME_CHARS
 from serve_app.app import create_app
-from serve_app.request_body import BODY_LIMITS, DEFAULT_BODY_LIMIT
+from serve_app.request_body import BODY_LIMITS, DEFAULT_BODY_LIMIT, limit_of
 from serve_app.services.blob_tokens import Blob, seal
 from serve_app.state import AppState
 from tests.conftest import ADMIN_KEY
@@ -56,8 +56,8 @@ class Owned:
         return self.http.request(method, self.url(path), headers={**headers, **kw.pop("headers", {})}, **kw)
 
     def fill(self, path: str) -> str:
-        values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model, "account": self.account_id,
-                  "name": "adapter_config.json", "path": "config.json"}  # fmt: skip
+        values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model,
+                  "account": self.account_id, "name": "adapter_config.json", "path": "config.json"}  # fmt: skip
         return PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -177,10 +177,6 @@ def test_public_docs_setting_and_the_admin_api_with_its_key(surface_owned):
 
 
 # -- bounded bodies ------------------------------------------------------------------------------
-def _limit(name: str) -> int | None:
-    return BODY_LIMITS.get(name, DEFAULT_BODY_LIMIT)
-
-
 def _raw(o: Owned, head: str, chunks: list[bytes] = ()) -> tuple[int, bytes]:
     """One request over a socket of its own; returns (status, body) once the server has closed it."""
     url = urlsplit(o.root)
@@ -199,18 +195,19 @@ def test_each_routes_body_is_bounded(owned):
     names = {name for _, _, name in routes(owned.state)}
     assert set(BODY_LIMITS) <= names  # the table names only routes that exist
     before = state_of(owned)
-    posts = [(p, n) for m, p, n in routes(owned.state) if m == "POST" and _limit(n) is not None]
+    posts = [(p, n) for m, p, n in routes(owned.state) if m == "POST" and limit_of(n) is not None]
     assert len(posts) >= 8
     for path, name in posts:
-        limit = _limit(name)
-        error = refused(owned.call("POST", owned.fill(path), owned.key, content=b" " * (limit + 1)), 413, "request_too_large")
+        limit = limit_of(name)
+        response = owned.call("POST", owned.fill(path), owned.key, content=b" " * (limit + 1))
+        error = refused(response, 413, "request_too_large")
         assert f"{limit:,} bytes" in error["message"], name
     for name, path in (("create_fine_tuning_job", "/v1/fine_tuning/jobs"), ("distill_files", "/v1/files/distill")):
-        limit = _limit(name)
+        limit = limit_of(name)
         exact = b'{"pad": "' + b"x" * (limit - 11) + b'"}'
         assert len(exact) == limit  # the limit itself is allowed: refused for its content, not its size
         refused(owned.call("POST", path, owned.key, content=exact), 400, "unknown_parameter", "pad")
-    assert _limit("create_fine_tuning_job") == 1024 * 1024 and _limit("distill_files") == 64 * 1024
+    assert limit_of("create_fine_tuning_job") == 1024 * 1024 and limit_of("distill_files") == 64 * 1024
     assert state_of(owned) == before
 
 
@@ -224,14 +221,15 @@ def test_declared_and_chunked_bodies_past_the_limit(owned):
     framed = [f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n"] * 16 + [b"1\r\n \r\n0\r\n\r\n"]  # 1 MiB + 1, no length
     status, body = _raw(owned, head + "Transfer-Encoding: chunked\r\n\r\n", framed)
     assert status == 413 and b'"request_too_large"' in body
-    assert [j["id"] for j in httpx.get(owned.url("/v1/fine_tuning/jobs"), headers={"authorization": f"Bearer {owned.key}"}).json()["data"]] == [owned.job_id]
+    assert [j["id"] for j in owned.call("GET", "/v1/fine_tuning/jobs", owned.key).json()["data"]] == [owned.job_id]
 
 
 def test_admin_bodies_are_bounded_and_unknown_names_capped(surface_owned):
     o = surface_owned
     path = f"/v1/gridline/admin/accounts/{o.account_id}/credits"
     big = b'{"usd": 5, "note": "' + b"n" * DEFAULT_BODY_LIMIT + b'"}'
-    refused(o.call("POST", path, ADMIN_KEY, content=big, headers={"content-type": "application/json"}), 413, "request_too_large")
+    json_type = {"content-type": "application/json"}
+    refused(o.call("POST", path, ADMIN_KEY, content=big, headers=json_type), 413, "request_too_large")
     long_key = "k" * (ECHOED_NAME_CHARS + 1)
     error = refused(o.call("POST", path, ADMIN_KEY, json={"usd": 5, long_key: 1}), 400, "unknown_parameter")
     assert long_key not in error["message"]
