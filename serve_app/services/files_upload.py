@@ -147,10 +147,6 @@ def record_files(state: AppState, account: Account, new: list[NewFile]) -> list[
         raise
 
 
-def record_file(state: AppState, account: Account, **new) -> File:
-    return record_files(state, account, [NewFile(**new)])[0]
-
-
 class _Upload:
     """The synchronous half of an upload; every method runs in a worker thread, one at a time
     (a cancelled request's abort waits for the chunk still being written)."""
@@ -235,11 +231,9 @@ class _Upload:
             except BaseException:
                 self.state.store.delete(self.key)
                 raise
-            return record_file(
-                self.state, self.account, file_id=self.file_id, key=self.key,
-                filename=self.filename or "upload.jsonl", purpose=purpose, size=self.size,
-                sha256=self.hasher.hexdigest(), stats=stats,
-            )
+            new = NewFile(file_id=self.file_id, key=self.key, filename=self.filename or "upload.jsonl",
+                          purpose=purpose, size=self.size, sha256=self.hasher.hexdigest(), stats=stats)
+            return record_files(self.state, self.account, [new])[0]
 
     def abort(self) -> None:
         with self.lock:

@@ -14,6 +14,7 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 
+from openft.errors import RateLimited
 from serve_app.services.files_upload import MAX_BODY_BYTES
 from storage.db import Database
 from storage.objects import open_object_store
@@ -262,10 +263,13 @@ def test_bytes_read_after_a_refusal_are_bounded(api, account):
 
 
 # -- per-account file limits ---------------------------------------------------------------------
+MAX_ACCOUNT_BYTES = 2_000_000
+
+
 @pytest.fixture(scope="module")
 def limits_api(apis, request):
-    """PostgreSQL, with room for 3 files and 60 KB per account."""
-    return apis("uploads-limits", account_max_files=3, account_max_file_bytes=60_000,
+    """PostgreSQL, with room for 3 files and 2 MB per account."""
+    return apis("uploads-limits", account_max_files=3, account_max_file_bytes=MAX_ACCOUNT_BYTES,
                 database_url=request.getfixturevalue("pg_database_url"))
 
 
@@ -310,9 +314,9 @@ def test_byte_limit_refuses_while_streaming_and_stores_nothing(limits_api):
     client = limits_api.client(key)
     assert post(limits_api, key, form(PURPOSE, FILE)).status_code == 200
     used = len(GOOD)
-    big = GOOD * (60_000 // len(GOOD) + 1)
+    big = GOOD * (MAX_ACCOUNT_BYTES // len(GOOD) + 1)
     err = assert_refused(post(limits_api, key, form(PURPOSE, part("file", big, "t.jsonl"))), 429, "limit_exceeded", "file")
-    assert err["limit"] == {"limit": 60_000, "current": used}
+    assert err["limit"] == {"limit": MAX_ACCOUNT_BYTES, "current": used}
     late = assert_refused(post(limits_api, key, form(part("file", big, "t.jsonl"), PURPOSE)), 429, "limit_exceeded", "file")
     assert late["limit"] == err["limit"]
     assert len(client.files.list().data) == 1
@@ -337,3 +341,51 @@ def test_results_files_count_and_expired_files_do_not(limits_api):
     finally:
         db.dispose()
     assert [post(limits_api, key, form(PURPOSE, FILE)).status_code for _ in range(3)] == [200, 200, 429]
+
+
+def test_files_are_recorded_all_or_none(limits_api):
+    """record_files (distillations record two files with it) inserts every row or none, and
+    deletes every object when it refuses."""
+    from openft.ids import file_id
+    from pipelines.validate import FileStats
+    from serve_app.services.files_upload import NewFile, record_files
+    from serve_app.state import AppState
+    from storage.models import Account
+
+    account_id, _ = limits_api.create_account()
+    state = AppState.from_settings(limits_api.settings)
+    try:
+        with state.db.session() as session:
+            account = session.get(Account, account_id)
+        new = []
+        for _ in range(4):
+            fid = file_id()
+            state.store.put_bytes(f"files/{account_id}/{fid}", GOOD)
+            new.append(NewFile(file_id=fid, key=f"files/{account_id}/{fid}", filename="t.jsonl", purpose="fine-tune",
+                               size=len(GOOD), sha256="0" * 64, stats=FileStats(rows=30)))
+        with pytest.raises(RateLimited) as info:
+            record_files(state, account, new)
+        assert (info.value.code, info.value.param) == ("limit_exceeded", "file")
+        assert _stored_keys(limits_api, account_id) == []
+        _objects_match_rows(limits_api, account_id)
+    finally:
+        state.db.dispose()
+
+
+@pytest.mark.heavy
+def test_distillation_records_both_files_or_neither(limits_api):
+    """Two batch files leave room for one: the distillation's two files are refused together,
+    after its pipeline ran, and leave neither a row nor an object."""
+    from tests.factories import distill_files
+
+    account_id, key = limits_api.create_account()
+    client = limits_api.client(key)
+    results, requests, _ = distill_files("openai", 50, seed=1)
+    res = post(limits_api, key, form(part("purpose", b"batch_output"), part("file", results, "r.jsonl"))).json()
+    req = post(limits_api, key, form(part("purpose", b"batch"), part("file", requests, "q.jsonl"))).json()
+    r = httpx.post(limits_api.base_url + "/files/distill", json={"results_file": res["id"], "requests_file": req["id"]},
+                   headers={"Authorization": f"Bearer {key}"}, timeout=300)
+    err = assert_refused(r, 429, "limit_exceeded", "file")
+    assert err["limit"] == {"limit": 3, "current": 2}
+    assert sorted(f.id for f in client.files.list().data) == sorted([res["id"], req["id"]])
+    _objects_match_rows(limits_api, account_id)
