@@ -286,7 +286,9 @@ def _body_too_large(length: int | None = None) -> PayloadTooLarge:
     )
 
 
-async def upload_file(state: AppState, account: Account, headers: Mapping[str, str], body: AsyncIterator[bytes]) -> File:
+async def upload_file(
+    state: AppState, account: Account, headers: Mapping[str, str], body: AsyncIterator[bytes]
+) -> File:
     """The file a multipart body uploads; a refusal whose body was left unread carries
     `headers = CLOSE_CONNECTION` (the router answers it so)."""
     length = _content_length(headers)

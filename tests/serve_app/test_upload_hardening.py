@@ -315,9 +315,11 @@ def test_byte_limit_refuses_while_streaming_and_stores_nothing(limits_api):
     assert post(limits_api, key, form(PURPOSE, FILE)).status_code == 200
     used = len(GOOD)
     big = GOOD * (MAX_ACCOUNT_BYTES // len(GOOD) + 1)
-    err = assert_refused(post(limits_api, key, form(PURPOSE, part("file", big, "t.jsonl"))), 429, "limit_exceeded", "file")
+    early = post(limits_api, key, form(PURPOSE, part("file", big, "t.jsonl")))
+    err = assert_refused(early, 429, "limit_exceeded", "file")
     assert err["limit"] == {"limit": MAX_ACCOUNT_BYTES, "current": used}
-    late = assert_refused(post(limits_api, key, form(part("file", big, "t.jsonl"), PURPOSE)), 429, "limit_exceeded", "file")
+    late_purpose = post(limits_api, key, form(part("file", big, "t.jsonl"), PURPOSE))
+    late = assert_refused(late_purpose, 429, "limit_exceeded", "file")
     assert late["limit"] == err["limit"]
     assert len(client.files.list().data) == 1
     _objects_match_rows(limits_api, account_id)
