@@ -102,6 +102,24 @@ class Settings(BaseSettings):
     )
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
     merge_deadline_seconds: float = Field(900.0, description="A merge attempt running longer is stopped (merge_timeout).")
+    # -- uploads (POST /v1/files) and per-account file limits --------------------------------------
+    account_max_files: int = Field(
+        1000,
+        description="Live files (not deleted, not expired) one account may hold; uploads, distilled files and job "
+        "results files all count. An upload or distillation past it is refused 429 limit_exceeded; a finished job's "
+        "results file is still stored (the run is done), and counts against later uploads.",
+    )
+    account_max_file_bytes: int = Field(
+        100 * 10**9, description="Total bytes of one account's live files (100 GB); counted and enforced as account_max_files."
+    )
+    upload_max_form_fields: int = Field(
+        16, description="Parts one multipart upload may have, its file included; more are refused 400 too_many_fields."
+    )
+    upload_drain_bytes: int = Field(
+        1 << 20,
+        description="After refusing an upload, read and drop up to this much more of its body so that the client "
+        "reads the refusal; a longer rest is left unread and the refusal closes the connection.",
+    )
     signing_secret: str | None = Field(
         None,
         description="Secret of the app's download URLs (local storage): their tokens are encrypted and "

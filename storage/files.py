@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
 from storage.models import File
@@ -14,6 +14,18 @@ def add_file(session: Session, file: File) -> File:
     session.add(file)
     session.flush()
     return file
+
+
+def live_usage(session: Session, account_id: str, now: int) -> tuple[int, int]:
+    """(files, bytes) an account holds toward its file limits: every purpose, not deleted, not
+    expired (an expired file counts no more, though the reaper may not have deleted it yet)."""
+    count, total = session.execute(
+        select(func.count(), func.coalesce(func.sum(File.bytes), 0)).where(
+            File.account_id == account_id, File.deleted_at.is_(None),
+            or_(File.expires_at.is_(None), File.expires_at > now),
+        )
+    ).one()
+    return int(count), int(total)
 
 
 def get_file(session: Session, account_id: str, file_id: str, *, for_update: bool = False) -> File | None:

@@ -11,7 +11,8 @@ from pipelines.distill import DistillOptions
 from pipelines.distill_ray import build_distill
 from serve_app.schemas.files import FileObject
 from serve_app.services.files import file_object
-from serve_app.services.files_upload import finish_validation, record_file
+from serve_app.services import file_limits
+from serve_app.services.files_upload import NewFile, finish_validation, record_files
 from serve_app.state import AppState
 from storage import keys
 from storage import files as files_repo
@@ -45,6 +46,8 @@ def distill(state: AppState, account: Account, body: dict) -> dict:
     options = parse_options(body)
     results = _source(state, account, body.get("results_file"), "results_file", "batch_output")
     requests = _source(state, account, body.get("requests_file"), "requests_file", "batch")
+    count, used = file_limits.usage(state, account.id)
+    file_limits.check(state.settings, count, used, files=1, nbytes=1)  # before the pipeline runs
     out_prefix = keys.distill_output(account.id, new_file_id())
     try:
         out = build_distill(state.store.spec(), results.object_key, requests.object_key, out_prefix, options)
@@ -53,13 +56,17 @@ def distill(state: AppState, account: Account, body: dict) -> dict:
             "options": {k: getattr(options, k) for k in OPTION_KEYS},
         }
         made: dict[str, FileObject | None] = {}
+        new: dict[str, NewFile] = {}
         for name, key, rows in (("training_file", out.train_key, out.train_rows),
                                 ("validation_file", out.eval_key, out.eval_rows)):
             if rows == 0:
                 state.store.delete(key)
                 made[name] = None
                 continue
-            made[name] = file_object(_record(state, account, key, name, derived))
+            new[name] = _new_file(state, key, name, derived)
+        # Both files or neither: one transaction, within the account's file limits.
+        for name, row in zip(new, record_files(state, account, list(new.values()))):
+            made[name] = file_object(row)
     except BaseException:
         state.store.delete_prefix(out_prefix + "/")
         raise
@@ -76,15 +83,15 @@ def distill(state: AppState, account: Account, body: dict) -> dict:
     }
 
 
-def _record(state: AppState, account: Account, key: str, name: str, derived: dict) -> File:
+def _new_file(state: AppState, key: str, name: str, derived: dict) -> NewFile:
     stats = finish_validation(state, key, "fine-tune", None)
     digest, size = hashlib.sha256(), 0
     for chunk in state.store.iter_chunks(key):
         digest.update(chunk)
         size += len(chunk)
     filename = "distilled-train.jsonl" if name == "training_file" else "distilled-validation.jsonl"
-    return record_file(
-        state, account, file_id=new_file_id(), key=key, filename=filename, purpose="fine-tune", size=size,
+    return NewFile(
+        file_id=new_file_id(), key=key, filename=filename, purpose="fine-tune", size=size,
         sha256=digest.hexdigest(), stats=stats, derived_from={**derived, "role": name},
     )
 
