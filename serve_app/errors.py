@@ -32,7 +32,8 @@ def error_response(exc: ServiceError, headers: dict[str, str] | None = None) -> 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
-        return error_response(exc)
+        # A refusal may carry headers of its own (Connection: close after an unread body, Retry-After).
+        return error_response(exc, getattr(exc, "headers", None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Query, Request
-from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
-from openft.errors import ServiceError
 from serve_app.auth import current_account
 from serve_app.downloads import digest_stream
 from serve_app.request_body import json_object
@@ -23,15 +21,7 @@ router = APIRouter(prefix="/files", tags=["files"])
 @router.post("", response_model=FileObject)
 async def create_file(request: Request, account: Account = Depends(current_account)):
     state = request.app.state.openft
-    try:
-        row = await upload_file(state, account, request.headers, request.stream())
-    except ServiceError as exc:
-        headers = getattr(exc, "headers", None)
-        if headers is None:
-            raise
-        # The refusal of a body left unread must close the connection; the app's error handler
-        # (serve_app/errors.py) sends no headers, so this one answer is rendered here.
-        return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    row = await upload_file(state, account, request.headers, request.stream())
     return service.file_object(row)
 
 

@@ -290,7 +290,7 @@ async def upload_file(
     state: AppState, account: Account, headers: Mapping[str, str], body: AsyncIterator[bytes]
 ) -> File:
     """The file a multipart body uploads; a refusal whose body was left unread carries
-    `headers = CLOSE_CONNECTION` (the router answers it so)."""
+    `headers = CLOSE_CONNECTION` (the error handler sends them)."""
     length = _content_length(headers)
     if length is not None and length > MAX_BODY_BYTES:
         exc = _body_too_large(length)
