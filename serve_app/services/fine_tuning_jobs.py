@@ -10,7 +10,7 @@ from sqlalchemy import select
 
 from jobs import distilling, limits, transitions
 from jobs.spec import JobSpec
-from openft.errors import Conflict, NotFound
+from openft.errors import Conflict, InvalidRequest, NotFound
 from openft.ids import job_id as new_job_id
 from serve_app.schemas.common import Page
 from serve_app.schemas.fine_tuning import (
@@ -67,6 +67,12 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
     training, validation = job_files(state, account.id, spec)
     quote = None
     if training.purpose == "batch_output":
+        if spec.method_type != "supervised":
+            raise InvalidRequest(
+                "training_file is a batch results file, which distills into chat rows; a dpo job trains on preference "
+                "rows. Use method.type supervised, or upload preference rows with purpose=fine-tune.",
+                code="invalid_file_format", param="training_file",
+            )
         if validation is not None:
             check_validation_file(spec, file_facts(validation))
         spec = spec.with_derived({"results_file": training.id})

@@ -40,6 +40,7 @@ def test_create_refuses_rows_of_the_wrong_shape_naming_the_line(account, api, da
     assert body["message"].startswith(f"line {line}")
 
 
+@pytest.mark.heavy  # a Ray Data job with cold tokenizer workers: 20-60 s here
 def test_the_ray_data_path_refuses_the_swapped_file_with_its_global_line(tmp_path, ray_cluster):
     """Above the inline threshold the rows are checked as a Ray Data job over byte ranges."""
     store = open_object_store(f"file://{tmp_path}/objects")

@@ -24,6 +24,7 @@ from storage.accounts import create_account, limits_row
 from storage.models import File, Job, LedgerEntry
 from tests.factories import batch_request_line, batch_result_line, distill_files, jsonl
 from tests.jobs.runs import ScriptedRuns
+from tests.serve_app.test_jobs_api import refused
 from tests.utils.polling import until
 from train.controller import JobController
 
@@ -170,6 +171,8 @@ def test_refusals_from_the_distilled_data_fail_the_job_with_creates_code_and_hol
         assert ledger(state, job.id) == [] and job.model_extra["gridline"]["charge"] is None
         return done
 
+    body = refused(client, model=MODEL, training_file=plain.id, method={"type": "dpo"})  # no file read needed
+    assert (body["code"], body["param"]) == ("invalid_file_format", "training_file")
     fails(marked, "template_token_in_content", "<|im_end|>")
     fails(orphan, "invalid_file_format", "none of your batch files holds its requests")
     last = client.fine_tuning.jobs.create(model=MODEL, training_file=plain.id)  # the slot is free again
