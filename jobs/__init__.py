@@ -9,6 +9,8 @@ status.
 - `transitions.py`: every status change as a compare-and-set under one lock order, and the run
   lease that decides who drives a job. Start here for "what happens when a job is cancelled while
   it starts" (its docstring and `cancel`).
+- `distilling.py`: a job created on a batch results file, from create (waiting, `distilling`) to
+  admission once the controller has distilled and checked its files, or its failure.
 - `scheduling.py`: the controller's passes (reconcile lost runs, expire waits, start runs under
   the cap and the cluster's capacity), built from those transitions.
 """

@@ -12,6 +12,8 @@ Rules (the reference's "The job" and "Limits"):
 - Models: stored models plus open jobs, since each open job reserves the model it will register.
 - USD per day (billing on): what the account's jobs created this UTC day commit, an open job its
   `max_charge_usd`, an ended one its charge. Resets at 00:00 UTC; a deposit does not raise it.
+  A distill-shortcut job has no quote until it is distilled: it commits nothing until then, and
+  its own check runs at its admission (jobs/distilling.py `distilled`), not at create.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ def committed_cents(session: Session, account_id: str, start: int, end: int) -> 
     for job in session.scalars(select(Job).where(
             Job.account_id == account_id, Job.created_at >= start, Job.created_at < end)):
         if job.status in OPEN_STATUSES:
-            total += billing.quote_cents(job, "max_charge_usd")
+            if job.quote:  # a distilling job is not quoted yet
+                total += billing.quote_cents(job, "max_charge_usd")
         elif job.charge:
             total += job.charge["cents"]
     return total
@@ -100,9 +103,12 @@ def check_open_jobs(session: Session, account: Account) -> None:
         raise open_jobs_refusal(account.open_jobs_limit, current)
 
 
-def check_create(session: Session, account: Account, settings: Settings, max_charge_usd: float, now: int) -> None:
+def check_create(
+    session: Session, account: Account, settings: Settings, max_charge_usd: float | None, now: int,
+) -> None:
     """Refuse a create over any limit: 429 limit_exceeded with the limit and current use. The
-    caller holds the account's lock, so concurrent creates see each other's jobs."""
+    caller holds the account's lock, so concurrent creates see each other's jobs. `max_charge_usd`
+    None: the job is not quoted yet (distill shortcut); its USD per day is checked at admission."""
     check_open_jobs(session, account)
     limits = effective(session, account, settings)
     used = models_in_use(session, account.id)
@@ -112,8 +118,13 @@ def check_create(session: Session, account: Account, settings: Settings, max_cha
             f"{used}. Delete a model or wait for a job to end, then create the job again.",
             limit=limits.models, current=used,
         )
-    if not settings.billing_enabled:
-        return
+    if settings.billing_enabled and max_charge_usd is not None:
+        check_usd_per_day(session, account, settings, max_charge_usd, now)
+
+
+def check_usd_per_day(session: Session, account: Account, settings: Settings, max_charge_usd: float, now: int) -> None:
+    """Refuse a job whose most would take the account past its USD per UTC day (caller holds the lock)."""
+    limits = effective(session, account, settings)
     start, end = utc_day(now)
     committed = committed_cents(session, account.id, start, end)
     need = billing.to_cents(max_charge_usd)

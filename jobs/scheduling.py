@@ -9,6 +9,8 @@ a pass that races an API request or another controller changes nothing it should
   queued again once from its last checkpoint, then `platform_interrupted` (`lose_run`).
 - `expire_waiting`: a job that has waited past the limit since it entered its current wait fails
   (`expire_wait`: `job_unavailable` if it never ran, `job_expired` if it did).
+- `claim_distills`: lease waiting distill-shortcut jobs (jobs/distilling.py) to this controller,
+  at most `max_concurrent_distills` at once; the controller distills them on threads of its own.
 - `start_runs`: under the scheduler's lock, start queued jobs, oldest first, one run per account,
   while the runs holding a lease stay under both `max_concurrent_runs` and what the cluster fits.
   Counting leases in the database (not Ray's free resources, which change only once a trainer has
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, or_, select
 
-from jobs import transitions
+from jobs import distilling, transitions
 from openft.settings import Settings
 from storage.db import Database
 from storage.jobs import add_event
@@ -102,12 +104,30 @@ def expire_waiting(db: Database, now: int, limit_s: float) -> list[str]:
     return expired
 
 
+def claim_distills(db: Database, now: int, *, settings: Settings, new_owner: Callable[[], str]) -> list[Started]:
+    """Lease the oldest waiting distill jobs while fewer than `max_concurrent_distills` are leased."""
+    claimed: list[Started] = []
+    with db.session() as session:
+        transitions.lock_scheduler(session)
+        room = settings.max_concurrent_distills - distilling.in_flight(session)
+        if room <= 0:
+            return claimed
+        waiting = session.scalars(
+            select(Job.id).where(Job.status == "validating_files", Job.reason == transitions.DISTILLING,
+                                 Job.lease_owner.is_(None)).order_by(Job.created_ns).limit(room)).all()
+        for job_id in waiting:
+            owner = new_owner()
+            if distilling.take(session, job_id, now, owner=owner, lease_s=int(settings.run_lease_seconds)):
+                claimed.append(Started(job_id, owner, 0))
+    return claimed
+
+
 def start_runs(db: Database, now: int, *, settings: Settings, fit: float, new_owner: Callable[[], str]) -> list[Started]:
     """Start what the cap and `fit` (runs the cluster holds) allow; returns the runs started."""
     started: list[Started] = []
     with db.session() as session:
         transitions.lock_scheduler(session)
-        leased = session.scalars(select(Job.account_id).where(Job.lease_owner.is_not(None))).all()
+        leased = session.scalars(select(Job.account_id).where(transitions.RUN_LEASE)).all()
         room = min(settings.max_concurrent_runs, fit) - len(leased)
         busy = set(leased)
         queued = session.execute(

@@ -29,13 +29,22 @@ nothing. If the start does, the cancel ends the job (`cancelled`, charge settled
 handed on) and sets `control = "cancel"`; the run reads it at its next check (before tokenizing
 ends, at every step) and stops; `begin_registering` refuses a cancelled job, so no model is
 registered; the run's `run_ended` clears the lease, and only then may the account's next job start.
+
+The distill shortcut (a job created on a batch results file) waits in `validating_files` with
+`reason = "distilling"` until the controller has distilled it (serve_app/services/distill.py
+`distill_job`). The controller takes a lease on it as it does for a run (`take_distill`), but a
+distill lease is not a run: the run cap and "one run per account" skip it (`RUN_LEASE`), and it
+exists only while the reason is `distilling`: `finish` (a cancel, an expired wait) drops it, so the
+distiller's own compare-and-set (`distilled`, `distill_failed`) then finds the lease gone and
+records nothing more. A distiller that dies lets its lease lapse; reconciliation clears it like a
+lost run's (the job keeps its status) and the next pass distills the job again.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
 from storage import billing
@@ -45,6 +54,7 @@ from storage.models import Account, Job, SchedulerLock
 SLOT_STATUSES = ("queued", "running", "paused")
 PAUSABLE = ("validating_files", "queued", "running")
 WAITING_REASON = "account_capacity"
+DISTILLING = "distilling"  # the reason of a distill-shortcut job until its derived files are made and checked
 MAX_ATTEMPTS = 2  # the first run and one retry from the last checkpoint
 
 
@@ -58,8 +68,12 @@ class Moved:
     why: str = ""
 
 
-def _error(code: str, message: str) -> dict:
-    return {"code": code, "message": message, "param": None}
+def job_error(code: str, message: str, param: str | None = None) -> dict:
+    return {"code": code, "message": message, "param": param}
+
+
+# A run's lease: what the run cap and "one run per account" count. A distill lease is not one.
+RUN_LEASE = Job.lease_owner.is_not(None) & or_(Job.reason.is_(None), Job.reason != DISTILLING)
 
 
 # -- locks ---------------------------------------------------------------------------------------
@@ -133,7 +147,8 @@ def promote_waiting(session: Session, account_id: str, now: int) -> Job | None:
         return None
     job = session.scalar(
         select(Job)
-        .where(Job.account_id == account_id, Job.status == "validating_files")
+        .where(Job.account_id == account_id, Job.status == "validating_files",
+               or_(Job.reason.is_(None), Job.reason != DISTILLING))  # a distilling job has no files to train on yet
         .order_by(Job.created_ns.asc())
         .limit(1)
         .with_for_update()
@@ -153,6 +168,8 @@ def finish(
     if job.status in ENDED_STATUSES:
         return Moved(False, job.status, f"the job is {job.status} already")
     lock_account(session, job.account_id)
+    if job.reason == DISTILLING:  # the distiller's lease ends with the job: its result is discarded
+        job.lease_owner = job.lease_expires_at = job.control = None
     job.status, job.finished_at, job.updated_at, job.reason = status, now, now, None
     job.estimated_finish = None
     job.waiting_since = None
@@ -210,7 +227,7 @@ def resume(session: Session, job: Job, now: int) -> Moved:
 
 # -- runs: start, heartbeat, end, loss ---------------------------------------------------------------
 def account_has_run(session: Session, account_id: str, *, except_job: str | None = None) -> bool:
-    query = select(Job.id).where(Job.account_id == account_id, Job.lease_owner.is_not(None))
+    query = select(Job.id).where(Job.account_id == account_id, RUN_LEASE)
     if except_job:
         query = query.where(Job.id != except_job)
     return session.scalar(query.limit(1)) is not None
@@ -227,7 +244,7 @@ def start(session: Session, job_id: str, now: int, *, owner: str, lease_s: int, 
     if account_has_run(session, job.account_id, except_job=job.id):
         return Moved(False, job.status, "the account has a run")
     if billing_enabled and not billing.hold(session, job, now):
-        finish(session, job, "failed", now, error=_error("insufficient_quota", billing.shortfall_message(session, job)))
+        finish(session, job, "failed", now, error=job_error("insufficient_quota", billing.shortfall_message(session, job)))
         return Moved(False, "failed", "insufficient_quota: the account's credit cannot fund it")
     job.status, job.reason, job.control, job.updated_at = "running", None, None, now
     job.started_at = job.started_at or now
@@ -291,7 +308,7 @@ def run_failed(session: Session, job_id: str, owner: str, now: int, code: str, m
     _release(job, now)
     if job.status in ENDED_STATUSES:  # cancelled while it failed: the cancel stands
         return Moved(False, job.status, f"the job is {job.status}")
-    return finish(session, job, "failed", now, error=_error(code, message))
+    return finish(session, job, "failed", now, error=job_error(code, message))
 
 
 def begin_registering(session: Session, job_id: str, owner: str, now: int) -> Moved:
@@ -328,7 +345,7 @@ def run_refused(session: Session, job: Job, owner: str, now: int, code: str, mes
     if job.lease_owner != owner:
         return Moved(False, job.status, "the lease is not the caller's")
     _release(job, now)
-    return finish(session, job, "failed", now, error=_error(code, message))
+    return finish(session, job, "failed", now, error=job_error(code, message))
 
 
 def lose_run(session: Session, job: Job, now: int) -> Moved:
@@ -340,7 +357,7 @@ def lose_run(session: Session, job: Job, now: int) -> Moved:
         return Moved(True, job.status)
     job.control, job.estimated_finish = None, None
     if job.attempts >= MAX_ATTEMPTS:
-        return finish(session, job, "failed", now, error=_error(
+        return finish(session, job, "failed", now, error=job_error(
             "platform_interrupted", "The worker running the job was lost and the job is not restarted."))
     job.status, job.updated_at, job.waiting_since = "queued", now, now
     add_event(session, job.id, now, "The run was lost with its worker or controller; the job is queued again "
@@ -358,9 +375,9 @@ def expire_wait(session: Session, job: Job, now: int, limit_s: float) -> Moved:
         return Moved(False, job.status, "the wait is within the limit")
     hours = limit_s / 3600
     if job.started_at is None:
-        error = _error("job_unavailable", f"No capacity became free for this job within {hours:g} hours. Nothing ran "
+        error = job_error("job_unavailable", f"No capacity became free for this job within {hours:g} hours. Nothing ran "
                        "and nothing was charged.")
     else:
-        error = _error("job_expired", f"The job did not finish within its time limit: it waited {hours:g} hours to "
+        error = job_error("job_expired", f"The job did not finish within its time limit: it waited {hours:g} hours to "
                        "run again without capacity becoming free.")
     return finish(session, job, "failed", now, error=error)

@@ -100,6 +100,12 @@ class Settings(BaseSettings):
     capacity_wait_limit_seconds: float = Field(
         86400.0, description="A job that cannot start within this long fails with job_unavailable."
     )
+    # -- the distill shortcut in the background (issue 12) --
+    max_concurrent_distills: int = Field(
+        1,
+        description="Jobs created on a batch results file that the controller distills at once (each a Ray Data "
+        "job reading the results and requests files); the others wait in validating_files.",
+    )
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
     merge_deadline_seconds: float = Field(900.0, description="A merge attempt running longer is stopped (merge_timeout).")
     # -- uploads (POST /v1/files) and per-account file limits --------------------------------------

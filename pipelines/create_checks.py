@@ -17,18 +17,36 @@ import orjson
 from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import load_tokenizer, parse_model_source
 from openft.errors import InvalidRequest
+from pipelines.validate import FileValidationError, check_line
 from pipelines.render import check_preference_row_for_base, check_row_for_base, render_preference_row, render_row
 from storage.objects import open_object_store
 
 
 def check_line_for_base(line: bytes, line_no: int, row_kind: str, base: BaseModelSpec, tokenizer, param: str) -> None:
-    row = orjson.loads(line)
+    row = _row_of_kind(line, line_no, row_kind, param)
     if row_kind == "preference":
         check_preference_row_for_base(row, base, line_no, param)
         render_preference_row(row, tokenizer, base, line_no, param)
     else:
         check_row_for_base(row["messages"], base, line_no, param)
         render_row(row["messages"], tokenizer, base, line_no, param)
+
+
+def _row_of_kind(line: bytes, line_no: int, row_kind: str, param: str) -> dict:
+    """The line as a row of the file's kind, checked with the upload's own rules first: the stored
+    bytes may not be what a fine-tune upload let through (a file recorded with another purpose's
+    checks), and a row of the wrong shape is a refusal naming the line, never a KeyError."""
+    try:
+        kind = check_line(line, line_no, "fine-tune").kind
+    except FileValidationError as err:
+        raise InvalidRequest(f"line {line_no}: {err.detail}", code=err.code, param=param) from None
+    if kind != row_kind:
+        raise InvalidRequest(
+            f"line {line_no} holds a {kind or 'non-training'} row, but {param} holds {row_kind} rows; every "
+            "line of a training file must be a row of one kind. Fix the line and upload the file again.",
+            code="invalid_file_format", param=param,
+        )
+    return orjson.loads(line)
 
 
 def first_bad_line(lines: Iterable[bytes], row_kind: str, base: BaseModelSpec, tokenizer, param: str) -> tuple[int, int] | None:

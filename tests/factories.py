@@ -362,3 +362,30 @@ def db_export(db, store, account_id: str, model: str, files: dict[str, bytes]) -
             delete_requested=False, created_at=now, created_ns=time.time_ns(), finished_at=now, expires_at=now + 86400,
         ))  # fmt: skip
     return prefix
+
+
+def db_stored_file(settings, account_id: str, data: bytes, *, purpose: str = "fine-tune", stats: dict) -> str:
+    """A file's bytes in the store and its row in the files table, straight past the upload's
+    checks: what a validation bypass would have stored."""
+    import hashlib
+    import time
+
+    from openft.ids import file_id
+    from storage import keys
+    from storage.db import Database
+    from storage.models import File
+    from storage.objects import open_object_store
+
+    fid, now = file_id(), int(time.time())
+    key = keys.upload(account_id, fid)
+    open_object_store(settings.resolved_storage_url(), s3_endpoint_url=settings.s3_endpoint_url,
+                      s3_region=settings.s3_region).put_bytes(key, data)
+    db = Database(settings.resolved_database_url())
+    try:
+        with db.session() as session:
+            session.add(File(id=fid, account_id=account_id, filename="swapped.jsonl", purpose=purpose, bytes=len(data),
+                             created_at=now, created_ns=time.time_ns(), status="processed",
+                             sha256=hashlib.sha256(data).hexdigest(), object_key=key, stats=stats))
+    finally:
+        db.dispose()
+    return fid

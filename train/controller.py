@@ -15,6 +15,11 @@ write rides through a database outage for `db_outage_seconds`; past that the thr
 the lease, no longer renewed, hands the job to reconciliation: never `running` with nothing
 driving it.
 
+A job created on a batch results file (the distill shortcut) is distilled here too, on a thread
+of its own under a distill lease (jobs/distilling.py): the thread renews the lease while
+serve_app/services/distill.py `distill_job` distills, checks and admits the job. That function
+lives with job create because it finishes create's checks; the controller only schedules it.
+
 The actor restarts itself after a crash (`max_restarts=-1`) and starts its loop in `__init__`, so
 a restarted actor schedules again at once; `openft serve` re-creates it if it is gone.
 """
@@ -28,10 +33,12 @@ import uuid
 
 from sqlalchemy import select
 
-from jobs import scheduling, transitions
+from jobs import distilling, scheduling, transitions
 from jobs.spec import JobSpec
 from merge.worker import run_pending_merges
 from openft.settings import Settings
+from serve_app.services.distill import distill_job
+from serve_app.state import AppState
 from storage import jobs as jobs_repo
 from storage import keys
 from storage.db import Database
@@ -58,6 +65,7 @@ class JobController:
         self.executor = runs or RayRuns()
         self.id = f"ctl-{uuid.uuid4().hex[:12]}"
         self.runs: dict[str, tuple[str, threading.Thread]] = {}  # job id -> (lease token, thread)
+        self.distills: dict[str, tuple[str, threading.Thread]] = {}  # the same, for distill leases
         self._stop = threading.Event()
         self.reconcile()
         if loop:
@@ -78,6 +86,11 @@ class JobController:
         now = int(time.time())
         self.reconcile()
         scheduling.expire_waiting(self.db, now, self.settings.capacity_wait_limit_seconds)
+        for claim in scheduling.claim_distills(self.db, now, settings=self.settings,
+                                               new_owner=lambda: f"{self.id}.d{uuid.uuid4().hex[:12]}"):
+            thread = threading.Thread(target=self._distill, args=(claim,), name=f"distill-{claim.job_id}", daemon=True)
+            self.distills[claim.job_id] = (claim.owner, thread)
+            thread.start()
         started = scheduling.start_runs(self.db, now, settings=self.settings, fit=self._fit(),
                                         new_owner=lambda: f"{self.id}.{uuid.uuid4().hex[:12]}")
         for run in started:
@@ -107,12 +120,14 @@ class JobController:
 
     # -- helpers --------------------------------------------------------------------------
     def _alive(self) -> set[str]:
-        return {owner for owner, thread in self.runs.values() if thread.is_alive()}
+        threads = [*self.runs.values(), *self.distills.values()]
+        return {owner for owner, thread in threads if thread.is_alive()}
 
     def _reap_threads(self) -> None:
-        for job_id, (_, thread) in list(self.runs.items()):
-            if not thread.is_alive():
-                self.runs.pop(job_id, None)
+        for threads in (self.runs, self.distills):
+            for job_id, (_, thread) in list(threads.items()):
+                if not thread.is_alive():
+                    threads.pop(job_id, None)
 
     def _fit(self) -> float:
         """Runs the cluster holds at once: its total resources, less the CPUs kept for Ray Data."""
@@ -124,6 +139,42 @@ class JobController:
 
     def _write(self, work, what: str):
         return self.db.retrying(work, budget_s=self.settings.db_outage_seconds, what=what)
+
+    # -- one distillation -----------------------------------------------------------------
+    def _distill(self, claim: scheduling.Started) -> None:
+        """Distill one job while a heartbeat renews the lease; a stopping controller stops renewing,
+        so the lease lapses and the next controller distills the job again."""
+        done = threading.Event()
+
+        def heartbeat():
+            every = max(self.settings.run_lease_seconds / 3, 0.2)
+            while not done.wait(every) and not self._stop.is_set():
+                try:
+                    if self._renew(claim, int(time.time())) is None:
+                        return  # cancelled: distill_job finds the lease gone and records nothing
+                except Exception as exc:  # the database is down: renew when it is back
+                    log.warning("distill lease renewal of %s failed: %s", claim.job_id, type(exc).__name__)
+
+        beat = threading.Thread(target=heartbeat, name=f"distill-beat-{claim.job_id}", daemon=True)
+        beat.start()
+        try:
+            distill_job(AppState(self.settings, self.db, self.store), claim.job_id, claim.owner)
+        except Exception as exc:
+            log.error("distillation of %s failed: %s", claim.job_id, type(exc).__name__)
+
+            def fail():
+                with self.db.session() as session:
+                    distilling.failed(session, claim.job_id, claim.owner, int(time.time()), code="distill_failed",
+                                      message="Distilling training_file failed for another reason. Create the job "
+                                      "again, or call POST /v1/files/distill and create it on the files it makes.",
+                                      param="training_file")
+
+            try:
+                self._write(fail, "fail the distillation")
+            except Exception as again:  # the lease lapses and the next pass distills the job again
+                log.error("distillation of %s could not record its end: %s", claim.job_id, type(again).__name__)
+        finally:
+            done.set()
 
     # -- one run --------------------------------------------------------------------------
     def _drive(self, run: scheduling.Started) -> None:

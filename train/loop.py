@@ -107,8 +107,13 @@ class TrainLoop:
         self.optimizer.load_state_dict(ckpt.optimizer)
         self.progress = Progress(**ckpt.progress)
         restore_rng(ckpt.rng)
+        # Said at every run that starts from a checkpoint (a resumed pause, a requeued lost run, a
+        # restarted worker): the metrics that follow step back to it. `checkpoint` is the suffix of
+        # the checkpoint's `fine_tuned_model_checkpoint` (GET .../checkpoints), never a store key.
+        step = self.progress.step
         self.reporter.event(
-            f"Resumed from the checkpoint at step {self.progress.step}.", data={"step": self.progress.step, "epoch": self.progress.epoch}
+            f"Resumed from the checkpoint at step {step}.",
+            data={"step": step, "epoch": self.progress.epoch, "checkpoint": f"ckpt-step-{step}"},
         )
         return True
 

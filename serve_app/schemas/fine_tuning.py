@@ -20,7 +20,8 @@ class JobError(BaseModel):
 
 class JobGridline(BaseModel):
     quote: dict[str, Any]
-    """The quote at create: token bounds, time and cost estimates, `per_token` charge rules."""
+    """The quote at create: token bounds, time and cost estimates, `per_token` charge rules. Empty while a
+    job created on a batch results file is distilling (`reason` `distilling`): it is quoted once distilled."""
     result: dict[str, Any] | None = None
     """After training: eval losses before and after, eval rows and source, train loss, steps, seconds, loss-mask report."""
     fine_tuned_adapter: dict[str, Any] | None = None
@@ -28,7 +29,7 @@ class JobGridline(BaseModel):
     derived_from: dict[str, Any] | None = None
     """When training_file was a batch results file: the files distilled from it and the counts."""
     reason: str | None = None
-    """Why a job waits, when it does (`account_capacity`, `gridline_capacity`)."""
+    """Why a job waits, when it does (`account_capacity`, `gridline_capacity`, `distilling`)."""
     charge: dict[str, Any] | None = None
     """Once a job that started under billing ends: `{usd, cents, basis, trained_tokens, trained_usd_per_mtok}`;
     basis is `trained_tokens`, `minimum`, `max_charge` or `not_charged`."""

@@ -1,22 +1,33 @@
 """`POST /v1/files/distill`: a batch's requests and results become a training file and a held-out
-validation file (Ray Data pipeline in pipelines/distill_ray.py), recorded exactly like uploads."""
+validation file (Ray Data pipeline in pipelines/distill_ray.py), recorded exactly like uploads.
+
+The job-create shortcut (a batch results file as training_file) does the same in the background:
+create leaves the job distilling (jobs/distilling.py) and the controller runs `distill_job`.
+"""
 
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 
-from openft.errors import InvalidRequest, unknown_parameter
+from sqlalchemy import select
+
+from jobs import distilling
+from jobs.spec import JobSpec
+from openft.errors import InvalidRequest, ServiceError, unknown_parameter
 from openft.ids import file_id as new_file_id
 from pipelines.distill import DistillOptions
 from pipelines.distill_ray import build_distill
 from serve_app.schemas.files import FileObject
-from serve_app.services.files import file_object
 from serve_app.services import file_limits
+from serve_app.services.files import file_object
 from serve_app.services.files_upload import NewFile, finish_validation, record_files
+from serve_app.services.job_files import check_files, job_files
+from serve_app.services.job_params import file_not_found
 from serve_app.state import AppState
 from storage import keys
 from storage import files as files_repo
-from storage.models import Account, File
+from storage.models import Account, File, Job
 
 OPTION_KEYS = ("require_json", "keep_truncated", "eval_fraction", "seed")
 BODY_KEYS = ("results_file", "requests_file", *OPTION_KEYS)
@@ -46,11 +57,27 @@ def distill(state: AppState, account: Account, body: dict) -> dict:
     options = parse_options(body)
     results = _source(state, account, body.get("results_file"), "results_file", "batch_output")
     requests = _source(state, account, body.get("requests_file"), "requests_file", "batch")
+    made, counts = _make(state, account, results, requests, options)
+    return {"object": "gridline.distillation", **made, "counts": counts}
+
+
+def _make(state: AppState, account: Account, results: File, requests: File, options: DistillOptions,
+          keep=lambda: True) -> tuple[dict[str, FileObject | None], dict] | None:
+    """Distill and record the training and validation files (both, or none: a refusal leaves
+    nothing). `keep()` is asked once the rows are made: False discards them and returns None."""
     count, used = file_limits.usage(state, account.id)
     file_limits.check(state.settings, count, used, files=1, nbytes=1)  # before the pipeline runs
     out_prefix = keys.distill_output(account.id, new_file_id())
     try:
         out = build_distill(state.store.spec(), results.object_key, requests.object_key, out_prefix, options)
+        if not keep():
+            state.store.delete_prefix(out_prefix + "/")
+            return None
+        if out.train_rows == 0:
+            raise InvalidRequest(
+                "No result became a training row; see the counts by reason in a smaller run, or relax "
+                "require_json / keep_truncated.", code="invalid_file_format", param="results_file",
+            )
         derived = {
             "results_file": results.id, "requests_file": requests.id,
             "options": {k: getattr(options, k) for k in OPTION_KEYS},
@@ -70,17 +97,8 @@ def distill(state: AppState, account: Account, body: dict) -> dict:
     except BaseException:
         state.store.delete_prefix(out_prefix + "/")
         raise
-    if made["training_file"] is None:
-        raise InvalidRequest(
-            "No result became a training row; see the counts by reason in a smaller run, or relax "
-            "require_json / keep_truncated.", code="invalid_file_format", param="results_file",
-        )
-    return {
-        "object": "gridline.distillation",
-        "training_file": made["training_file"],
-        "validation_file": made["validation_file"],
-        "counts": {"training_rows": out.train_rows, "validation_rows": out.eval_rows, "dropped": out.dropped},
-    }
+    counts = {"training_rows": out.train_rows, "validation_rows": out.eval_rows, "dropped": out.dropped}
+    return made, counts
 
 
 def _new_file(state: AppState, key: str, name: str, derived: dict) -> NewFile:
@@ -103,8 +121,9 @@ def _custom_ids(state: AppState, key: str, limit: int) -> set[str]:
 
     ids = set()
     for line in iter_lines(state.store.iter_chunks(key)):
-        if line.strip():
-            ids.add(orjson.loads(line).get("custom_id"))
+        row = orjson.loads(line) if line.strip() else None
+        if isinstance(row, dict):
+            ids.add(row.get("custom_id"))
             if len(ids) >= limit:
                 break
     return ids
@@ -127,29 +146,61 @@ def requests_file_for(state: AppState, account: Account, results: File) -> File 
     return best
 
 
-def distill_shortcut(state: AppState, account: Account, body: dict) -> tuple[dict, dict | None]:
-    """A job created with a batch results file as training_file trains on its distilled rows:
-    convert with the defaults first and create the job on the derived files."""
-    file_id = body.get("training_file")
-    if not isinstance(file_id, str):
-        return body, None
+def distill_job(state: AppState, job_id: str, owner: str) -> None:
+    """The distill shortcut in the background (the controller's thread holds the job's distill
+    lease as `owner`): find the batch's requests, distill with the defaults, record the files, run
+    create's checks on them and admit the job (jobs/distilling.py). A refusal that create would
+    have answered with a 400 fails the job with its code; once the job is not this distiller's (a
+    cancel, a lost lease) nothing more is recorded."""
     with state.db.session() as session:
-        row = files_repo.get_file(session, account.id, file_id)
-    if row is None or row.purpose != "batch_output":
-        return body, None
-    requests = requests_file_for(state, account, row)
+        job = session.get(Job, job_id)
+        if job is None or job.lease_owner != owner:
+            return
+        account, spec = session.get(Account, job.account_id), JobSpec.from_record(job.spec)
+    try:
+        _distill_for_job(state, account, job_id, owner, spec)
+    except ServiceError as refusal:
+        param = refusal.param if refusal.param in ("training_file", "validation_file") else "training_file"
+        message = refusal.message if refusal.param == param else f"Distilling training_file: {refusal.message}"
+        with state.db.session() as session:
+            distilling.failed(session, job_id, owner, state.now(), code=refusal.code or "invalid_request",
+                              message=message, param=param)
+
+
+def _still_mine(state: AppState, job_id: str, owner: str) -> bool:
+    with state.db.session() as session:
+        return session.scalar(select(Job.id).where(Job.id == job_id, Job.lease_owner == owner)) is not None
+
+
+def _distill_for_job(state: AppState, account: Account, job_id: str, owner: str, spec: JobSpec) -> None:
+    results_id = spec.derived_from["results_file"]
+    with state.db.session() as session:
+        results = files_repo.get_file(session, account.id, results_id)
+    if results is None:
+        raise file_not_found("training_file")
+    requests = requests_file_for(state, account, results)
     if requests is None:
         raise InvalidRequest(
             "training_file is a batch results file, but none of your batch files holds its requests. Upload the "
-            "batch's input file with purpose=batch, or call POST /v1/files/distill.",
+            "batch's input file with purpose=batch and create the job again, or call POST /v1/files/distill.",
             code="invalid_file_format", param="training_file",
         )
-    out = distill(state, account, {"results_file": row.id, "requests_file": requests.id})
+    done = _make(state, account, results, requests, DistillOptions(), keep=lambda: _still_mine(state, job_id, owner))
+    if done is None:
+        return  # cancelled while it distilled: the rows are discarded
+    made, counts = done
     derived = {
-        "results_file": row.id, "requests_file": requests.id, "training_file": out["training_file"].id,
-        "validation_file": out["validation_file"].id if out["validation_file"] else None, "counts": out["counts"],
+        "results_file": results.id, "requests_file": requests.id, "training_file": made["training_file"].id,
+        "validation_file": made["validation_file"].id if made["validation_file"] else None, "counts": counts,
     }
-    body = {**body, "training_file": derived["training_file"]}
-    if derived["validation_file"] and not body.get("validation_file"):
-        body["validation_file"] = derived["validation_file"]
-    return body, derived
+    spec = replace(spec, training_file=derived["training_file"],
+                   validation_file=spec.validation_file or derived["validation_file"]).with_derived(derived)
+    training, validation = job_files(state, account.id, spec)
+    quote = check_files(state, spec, training, validation)
+    now = state.now()
+    message = (f"Distilled {derived['results_file']} with its requests {derived['requests_file']} into "
+               f"{derived['training_file']} (training) and {derived['validation_file']} (validation).")
+    with state.db.session() as session:
+        distilling.distilled(session, job_id, owner, now, spec=spec, quote=quote.model_dump(),
+                             estimated_finish=quote.estimated_finish(now), derived_event=message,
+                             settings=state.settings)

@@ -8,12 +8,10 @@ import time
 
 from sqlalchemy import select
 
-from catalog.bases import get_base
-from jobs import limits, transitions
+from jobs import distilling, limits, transitions
 from jobs.spec import JobSpec
-from openft.errors import Conflict, NotFound
+from openft.errors import Conflict, InvalidRequest, NotFound
 from openft.ids import job_id as new_job_id
-from pipelines.create_checks import check_file_for_base
 from serve_app.schemas.common import Page
 from serve_app.schemas.fine_tuning import (
     CheckpointMetrics,
@@ -23,14 +21,13 @@ from serve_app.schemas.fine_tuning import (
     JobError,
     JobGridline,
 )
-from serve_app.services.distill import distill_shortcut
-from serve_app.services.job_params import FileFacts, check_job_files, file_not_found, parse_create_request
+from serve_app.services.job_files import check_files, file_facts, job_files
+from serve_app.services.job_params import check_validation_file, file_not_found, parse_create_request
 from serve_app.services.paging import check_limit
-from serve_app.services.quote import quote_job
 from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo
-from storage.models import Account, File, Job
+from storage.models import Account, Job
 from train.registration import model_name
 
 def job_object(job: Job, account: Account) -> FineTuningJob:
@@ -61,75 +58,52 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
     )
 
 
-def _facts(row: File) -> FileFacts:
-    stats = row.stats or {}
-    return FileFacts(
-        id=row.id, purpose=row.purpose, status=row.status, bytes=row.bytes, row_kind=stats.get("row_kind"),
-        rows=stats.get("rows", 0), messages=stats.get("messages", 0), content_bytes=stats.get("content_bytes", 0),
-        token_upper_bound=stats.get("token_upper_bound", 0), token_estimates=stats.get("token_estimates", {}),
-    )
-
-
-def _files(state: AppState, account: Account, spec: JobSpec) -> tuple[File, File | None]:
-    with state.db.session() as session:
-        training = files_repo.get_file(session, account.id, spec.training_file)
-        validation = files_repo.get_file(session, account.id, spec.validation_file) if spec.validation_file else None
-    if training is None:
-        raise file_not_found("training_file")
-    if spec.validation_file and validation is None:
-        raise file_not_found("validation_file")
-    return training, validation
-
-
 def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
+    """Every check that reads no file's rows runs here; a batch results file as training_file (the
+    distill shortcut) is distilled and checked later by the controller (jobs/distilling.py)."""
     spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31))
-    base = get_base(spec.model)
     with state.db.session() as session:
         limits.check_open_jobs(session, account)  # fail fast; checked again under the lock below
-    body, derived = distill_shortcut(state, account, body)
-    if derived:
-        seed = spec.seed
-        spec = parse_create_request(body, seed_factory=lambda: seed)
-    training, validation = _files(state, account, spec)
-    check_job_files(spec, _facts(training), _facts(validation) if validation else None)
-    quote = quote_job(spec, _facts(training), _facts(validation) if validation else None, state.settings.prices,
-                      time_limit_s=state.settings.job_time_limit_seconds)
-    for param, row in (("training_file", training), ("validation_file", validation)):
-        if row is not None:
-            check_file_for_base(
-                state.store.spec(), row.object_key, row_kind=row.stats["row_kind"], base=base,
-                model_source=state.settings.model_source, cache_root=state.settings.model_cache_dir, param=param,
-                inline_bytes=state.settings.validate_ray_threshold_bytes, block_bytes=state.settings.validate_block_bytes,
+    training, validation = job_files(state, account.id, spec)
+    quote = None
+    if training.purpose == "batch_output":
+        if spec.method_type != "supervised":
+            raise InvalidRequest(
+                "training_file is a batch results file, which distills into chat rows; a dpo job trains on preference "
+                "rows. Use method.type supervised, or upload preference rows with purpose=fine-tune.",
+                code="invalid_file_format", param="training_file",
             )
+        if validation is not None:
+            check_validation_file(spec, file_facts(validation))
+        spec = spec.with_derived({"results_file": training.id})
+    else:
+        quote = check_files(state, spec, training, validation)
     now = state.now()
     with state.db.session() as session:
         # The account row lock serializes concurrent creates of one account (SQLite: BEGIN IMMEDIATE).
         locked = session.scalar(select(Account).where(Account.id == account.id).with_for_update())
-        limits.check_create(session, locked, state.settings, quote.per_token.max_charge_usd, now)
+        limits.check_create(session, locked, state.settings, quote.per_token.max_charge_usd if quote else None, now)
         for param, row in (("training_file", training), ("validation_file", validation)):
             if row is not None and files_repo.get_file(session, account.id, row.id) is None:
                 raise file_not_found(param)  # deleted while the checks ran
         job = Job(
             id=new_job_id(), account_id=account.id, model=spec.model,
             created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
-            validation_file=spec.validation_file, seed=spec.seed,
-            spec=(spec.with_derived(derived) if derived else spec).record(),
-            job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix, quote=quote.model_dump(),
-            estimated_finish=quote.estimated_finish(now), result_files=[], updated_at=now,
+            validation_file=spec.validation_file, seed=spec.seed, spec=spec.record(),
+            job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix,
+            quote=quote.model_dump() if quote else {}, estimated_finish=quote.estimated_finish(now) if quote else None,
+            result_files=[], updated_at=now,
         )
         transitions.add_new(session, job, now)
-        if derived:
-            jobs_repo.add_event(
-                session, job.id, now, f"Distilled {derived['results_file']} with its requests "
-                f"{derived['requests_file']} into {derived['training_file']} (training) and "
-                f"{derived['validation_file']} (validation).", data={"derived_from": derived},
-            )
         if "suffix_ignored" in spec.warnings:
             jobs_repo.add_event(
                 session, job.id, now, "suffix_ignored: suffix is accepted but not used for model names yet.",
                 level="warn", data={"code": "suffix_ignored"},
             )
-        transitions.admit(session, job, now)
+        if quote is None:
+            distilling.begin(session, job, now)
+        else:
+            transitions.admit(session, job, now)
         return job_object(job, account)
 
 
@@ -177,7 +151,7 @@ def list_checkpoints(
     checkpoints = []
     for event in events:
         info = (event.data or {}).get("checkpoint")
-        if not info:
+        if not isinstance(info, dict):  # a checkpoint's saved event; a resume names the one it started from
             continue
         checkpoints.append(FineTuningJobCheckpoint(
             id="ftckpt_" + event.id.removeprefix("ftevent-"), created_at=event.created_at,

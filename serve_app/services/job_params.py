@@ -372,3 +372,9 @@ def _check_file(spec: JobSpec, param: str, facts: FileFacts) -> None:
             param,
             "invalid_file_format",
         )
+
+
+def check_validation_file(spec: JobSpec, validation: FileFacts) -> None:
+    """The files-table rules on a validation_file alone: a distill-shortcut job's training file is
+    made later, on the controller, and checked with `check_job_files` then."""
+    _check_file(spec, "validation_file", validation)

@@ -157,7 +157,9 @@ def test_context_too_long_fails_before_training(trainer_account):
 
 
 def test_job_on_a_batch_results_file_trains_on_its_distilled_rows(trainer_account):
-    """The shortcut: a batch_output file as training_file is distilled with the defaults first."""
+    """The shortcut: a batch_output file as training_file is distilled with the defaults first, by
+    the controller, while the job waits in validating_files (tests/serve_app/test_distill_jobs.py
+    has its failures, cancel and restart)."""
     from tests.factories import distill_files
 
     client, _ = trainer_account
@@ -166,6 +168,10 @@ def test_job_on_a_batch_results_file_trains_on_its_distilled_rows(trainer_accoun
     res = client.files.create(file=("out.jsonl", io.BytesIO(results)), purpose="batch_output")
     job = client.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=res.id,
                                          hyperparameters={"max_seq_length": 512})
+    assert (job.status, job.training_file, job.model_extra["gridline"]["reason"]) == (
+        "validating_files", res.id, "distilling")
+    job = wait(client, job.id)
+    assert job.status == "succeeded", job.error
     derived = job.model_extra["gridline"]["derived_from"]
     assert (derived["results_file"], derived["requests_file"]) == (res.id, req.id)
     assert job.training_file == derived["training_file"] != res.id
@@ -173,6 +179,4 @@ def test_job_on_a_batch_results_file_trains_on_its_distilled_rows(trainer_accoun
     assert any((e.data or {}).get("derived_from") for e in events(client, job.id))
     distilled = client.files.retrieve(job.training_file).model_extra["gridline"]
     assert distilled["derived_from"]["results_file"] == res.id
-    job = wait(client, job.id)
-    assert job.status == "succeeded", job.error
     assert job.model_extra["gridline"]["result"]["eval_source"] == "validation_file"

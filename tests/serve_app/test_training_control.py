@@ -137,8 +137,11 @@ def test_pause_checkpoints_and_stops_then_resume_trains_on_to_an_adapter(trainin
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
     done = wait(client, job.id)
     assert done.status == "succeeded", done.error
-    messages = [e.message for e in events(client, job.id)]
-    assert f"Resumed from the checkpoint at step {step}." in messages
+    said = events(client, job.id)
+    resumed = next(e for e in said if e.message == f"Resumed from the checkpoint at step {step}.")
+    assert (resumed.level, resumed.data["step"], resumed.data["checkpoint"]) == ("info", step, f"ckpt-step-{step}")
+    listed = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id, limit=100).data]
+    assert listed.count(step) == 1  # the resume event names its checkpoint but is not one
     result = done.model_extra["gridline"]["result"]
     assert (result["steps"], result["eval_rows"]) == (475, 5)  # the whole schedule, across both runs
     assert done.fine_tuned_model == expected_model(client, job)

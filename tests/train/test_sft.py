@@ -129,9 +129,13 @@ def test_same_seed_same_adapter_bytes_and_pause_resume(store, cache_root, ticket
         assert {k: v for k, v in outcome.result.items() if k != "seconds"} == {
             k: v for k, v in first.result.items() if k != "seconds"
         }
-    messages = [r["message"] for r in PauseAt(0).log.records() if r["type"] == "event"]
+    records = PauseAt(0).log.records()
+    messages = [r["message"] for r in records if r["type"] == "event"]
     assert "Training paused at step 3; checkpoint saved." in messages
-    assert "Resumed from the checkpoint at step 3." in messages
+    # The resumed run says where it starts before its metrics step back to it.
+    at = next(i for i, r in enumerate(records) if r.get("message") == "Resumed from the checkpoint at step 3.")
+    assert (records[at]["level"], records[at]["data"]) == ("info", {"step": 3, "epoch": 0, "checkpoint": "ckpt-step-3"})
+    assert next(r["data"]["step"] for r in records[at:] if r["type"] == "metrics") > 3
 
 
 def test_cancel_stops_without_adapter(store, cache_root, ticket_rows, tmp_path):
