@@ -1,0 +1,253 @@
+"""Rate limits per API key and uploads in flight per account (serve_app/rate_limits.py).
+
+Against deployed APIs with limits on (the suite's other deployments run without): one on SQLite,
+and two independent Serve apps on one PostgreSQL database, which share it as two replicas do.
+The database-level tests race real threads on the real upsert and lock.
+"""
+
+from __future__ import annotations
+
+import http.client
+import io
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlsplit
+
+import openai
+import orjson
+import pytest
+from sqlalchemy import func, select
+
+from openft.demo_data import ticket_splits, tickets_jsonl
+from serve_app.rate_limits import acquire_slot
+from serve_app.state import AppState
+from storage import rate_limits as repo
+from storage.db import Database
+from storage.models import UploadSlot
+from tests.conftest import _new_pg_database
+from tests.factories import db_account
+from tests.utils.polling import until
+
+GOOD = tickets_jsonl(ticket_splits()[0][:30])
+RATE, BURST = 1.0, 10  # the general bucket
+HEAVY_BURST = 4  # at one per 20 s, so that no token comes back within a test
+LEASE_S = 2.0
+LIMITS = dict(rate_limit_requests_per_second=RATE, rate_limit_requests_burst=BURST,
+              rate_limit_heavy_per_second=0.05, rate_limit_heavy_burst=HEAVY_BURST,
+              uploads_in_flight_per_account=2, upload_slot_lease_seconds=LEASE_S)
+
+
+@pytest.fixture(scope="module")
+def shared_pg_url():
+    with _new_pg_database("openft_rl") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def pg_pair(apis, shared_pg_url):
+    """Two API apps on one PostgreSQL database: what two replicas share."""
+    return apis("rl-pg-a", database_url=shared_pg_url, **LIMITS), apis("rl-pg-b", database_url=shared_pg_url, **LIMITS)
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def limited(request, apis):
+    if request.param == "sqlite":
+        return apis("rl-sqlite", **LIMITS)
+    return request.getfixturevalue("pg_pair")[0]
+
+
+def _upload(client, data: bytes = GOOD):
+    return client.files.create(file=("train.jsonl", io.BytesIO(data)), purpose="fine-tune")
+
+
+def _refused(call) -> openai.RateLimitError:
+    with pytest.raises(openai.RateLimitError) as info:
+        call()
+    return _checked(info.value)
+
+
+def _checked(exc: openai.RateLimitError) -> openai.RateLimitError:
+    assert exc.status_code == 429 and exc.code == "rate_limit_exceeded" and exc.type == "rate_limit_error"
+    assert exc.param is None
+    return exc
+
+
+def _retry_after(exc: openai.APIStatusError) -> int:
+    return int(exc.response.headers["retry-after"])  # an integer number of seconds
+
+
+def _until_refused(call, most: int) -> tuple[int, float, openai.RateLimitError]:
+    """Call until refused: (calls let through, seconds taken, the refusal)."""
+    started, passed = time.monotonic(), 0
+    for _ in range(most):
+        try:
+            call()
+        except openai.RateLimitError as exc:
+            return passed, time.monotonic() - started, exc
+        passed += 1
+    raise AssertionError(f"no 429 in {most} calls")
+
+
+def test_over_the_rate_a_key_gets_429_with_retry_after_and_then_passes(limited):
+    _, key = limited.create_account()
+    _, other_key = limited.create_account()
+    client = limited.client(key)
+    passed, took, refusal = _until_refused(client.models.list, most=4 * BURST)
+    assert BURST <= passed <= BURST + RATE * took + 1
+    _checked(refusal)
+    assert 1 <= _retry_after(refusal) <= 1 / RATE
+    assert "limit" not in refusal.body  # a bucket has no quota to show; the message names the rate
+
+    limited.client(other_key).models.list()  # another account's bucket is its own
+    time.sleep(_retry_after(refusal))
+    client.models.list()
+    # A retrying client (the SDK's default) waits out Retry-After and gets through.
+    _until_refused(client.models.list, most=4 * BURST)
+    openai.OpenAI(base_url=limited.base_url, api_key=key, max_retries=1).models.list()
+
+
+def test_uploads_and_creates_share_the_stricter_bucket_and_reads_do_not(limited):
+    account_id, key = limited.create_account()
+    client = limited.client(key)
+    uploaded = []
+    for i in range(HEAVY_BURST):
+        if i % 2:
+            with pytest.raises(openai.BadRequestError):  # counted whatever it answers
+                client.fine_tuning.jobs.create(model="", training_file="")
+        else:
+            uploaded.append(_upload(client).id)
+    for call in (lambda: _upload(client), lambda: client.fine_tuning.jobs.create(model="m", training_file=uploaded[0])):
+        refusal = _refused(call)
+        assert _retry_after(refusal) >= 1
+    # Reads take from the general bucket only; the refusals created nothing.
+    assert sorted(f.id for f in client.files.list().data) == sorted(uploaded)
+    assert client.fine_tuning.jobs.list().data == []
+    client.files.retrieve(uploaded[0])
+    state = AppState.from_settings(limited.settings)
+    assert len(list(state.store.list(f"files/{account_id}/"))) == len(uploaded)
+
+
+def test_two_replicas_together_allow_the_rate_once(pg_pair):
+    a, b = pg_pair
+    _, key = a.create_account()
+    clients = [a.client(key), b.client(key)]
+    calls = iter(range(10**6))
+    passed, took, _ = _until_refused(lambda: clients[next(calls) % 2].models.list(), most=4 * BURST)
+    # Each replica with a bucket of its own would let about twice the burst through.
+    assert passed <= BURST + RATE * took + 1
+    _refused(clients[0].models.list)
+    _refused(clients[1].models.list)
+
+
+# -- uploads in flight -----------------------------------------------------------------------------
+BOUNDARY = "rl-" + uuid.uuid4().hex
+
+
+def _multipart(data: bytes) -> tuple[bytes, bytes]:
+    """A multipart upload body of `data`, split in two halves mid-file."""
+    head = (f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="purpose"\r\n\r\nfine-tune\r\n'
+            f'--{BOUNDARY}\r\nContent-Disposition: form-data; name="file"; filename="train.jsonl"\r\n'
+            "Content-Type: application/jsonl\r\n\r\n").encode()
+    half = data.index(b"\n", len(data) // 2) + 1
+    return head + data[:half], data[half:] + f"\r\n--{BOUNDARY}--\r\n".encode()
+
+
+class SlowUpload:
+    """An upload that sends half its body now and the rest (or nothing, hanging up) when told."""
+
+    def __init__(self, api, key: str):
+        url = urlsplit(api.base_url)
+        self.conn = http.client.HTTPConnection(url.hostname, url.port, timeout=60)
+        head, self.rest = _multipart(GOOD)
+        self.conn.putrequest("POST", url.path + "/files")
+        self.conn.putheader("Authorization", f"Bearer {key}")
+        self.conn.putheader("Content-Type", f"multipart/form-data; boundary={BOUNDARY}")
+        self.conn.putheader("Content-Length", str(len(head) + len(self.rest)))
+        self.conn.endheaders()
+        self.conn.send(head)
+
+    def finish(self) -> tuple[int, dict]:
+        self.conn.send(self.rest)
+        response = self.conn.getresponse()
+        return response.status, orjson.loads(response.read())
+
+    def hang_up(self) -> None:
+        self.conn.close()
+
+
+def _slots_held(db: Database, account_id: str) -> int:
+    with db.session() as session:
+        return session.scalar(select(func.count()).select_from(UploadSlot).where(UploadSlot.account_id == account_id))
+
+
+def test_uploads_in_flight_are_capped_per_account_across_replicas_and_freed_however_they_end(pg_pair):
+    a, b = pg_pair
+    account_id, key = a.create_account()
+    _, other_key = a.create_account()
+    db = Database(a.settings.resolved_database_url(), migrate=False)
+    try:
+        first, second = SlowUpload(a, key), SlowUpload(b, key)
+        until(lambda: _slots_held(db, account_id) == 2, "two uploads in flight")
+        time.sleep(1.5 * LEASE_S)  # past a lease: their replicas renew them
+
+        refusal = _refused(lambda: _upload(a.client(key)))
+        assert refusal.body["limit"] == {"limit": 2, "current": 2} and _retry_after(refusal) == 1
+        _upload(b.client(other_key))  # another account's slots are its own
+
+        status, stored = first.finish()
+        assert status == 200 and stored["status"] == "processed"
+        second.hang_up()
+        until(lambda: _slots_held(db, account_id) == 0, "the slots freed", timeout=30)
+        last = _upload(b.client(key))
+        # Only the uploads that ended whole were stored: not the refused one, nor the one hung up.
+        assert sorted(f.id for f in a.client(key).files.list().data) == sorted([stored["id"], last.id])
+    finally:
+        db.dispose()
+
+
+# -- the database itself, raced by threads -----------------------------------------------------------
+@pytest.fixture(scope="module", params=["sqlite", "postgres"])
+def db(request, tmp_path_factory):
+    if request.param == "sqlite":
+        database = Database(f"sqlite:///{tmp_path_factory.mktemp('rl') / 'openft.db'}")
+        yield database
+    else:
+        database = Database(request.getfixturevalue("shared_pg_url"))
+        yield database
+    database.dispose()
+
+
+def _race(n: int, work) -> list:
+    barrier = threading.Barrier(n)
+
+    def one(i):
+        barrier.wait()
+        return work(i)
+
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(one, range(n)))
+
+
+def test_concurrent_takes_let_exactly_the_burst_through(db):
+    first, second = db_account(db), db_account(db)
+
+    def take(i):
+        with db.session() as session:
+            return repo.take_token(session, first if i % 2 else second, "requests", rate=1e-6, burst=5)
+
+    waits = _race(16, take)
+    assert sum(w == 0 for w in waits) == 10  # five for each account, however the threads interleave
+    assert all(w > 1000 for w in waits if w)
+
+
+def test_concurrent_uploads_get_exactly_the_cap_and_a_lapsed_lease_holds_none(db):
+    account_id = db_account(db)
+    held = _race(8, lambda i: acquire_slot(db, account_id, f"h{i}", cap=3, lease_s=60) < 3)
+    assert sum(held) == 3
+    with db.session() as session:
+        # Their replica died: its leases lapse.
+        session.execute(UploadSlot.__table__.update().where(UploadSlot.account_id == account_id)
+                        .values(expires_at=time.time() - 1))
+    assert acquire_slot(db, account_id, "new", cap=3, lease_s=60) == 0
