@@ -1,12 +1,14 @@
 """Rate limits per API key and uploads in flight per account (serve_app/rate_limits.py).
 
-Against deployed APIs with limits on (the suite's other deployments run without): one on SQLite,
-and two independent Serve apps on one PostgreSQL database, which share it as two replicas do.
+Against deployed APIs with limits on (the suite's other deployments run without): the Serve app on
+SQLite, and on PostgreSQL beside a second replica that shares its database: the same app from the
+same settings under bare uvicorn (which also runs the app without Ray, as `create_app` promises).
 The database-level tests race real threads on the real upsert and lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import io
 import threading
@@ -18,21 +20,23 @@ from urllib.parse import urlsplit
 import openai
 import orjson
 import pytest
+import uvicorn
 from sqlalchemy import func, select
 
 from openft.demo_data import ticket_splits, tickets_jsonl
+from serve_app.app import create_app
 from serve_app.rate_limits import acquire_slot
 from serve_app.state import AppState
 from storage import rate_limits as repo
 from storage.db import Database
 from storage.models import UploadSlot
-from tests.conftest import _new_pg_database
+from tests.conftest import Api, _new_pg_database, free_port
 from tests.factories import db_account
 from tests.utils.polling import until
 
 GOOD = tickets_jsonl(ticket_splits()[0][:30])
-RATE, BURST = 1.0, 10  # the general bucket
-HEAVY_BURST = 4  # at one per 20 s, so that no token comes back within a test
+RATE, BURST = 1.0, 12  # the general bucket
+HEAVY_BURST = 6  # at one per 20 s, so that no token comes back within a test
 LEASE_S = 2.0
 LIMITS = dict(rate_limit_requests_per_second=RATE, rate_limit_requests_burst=BURST,
               rate_limit_heavy_per_second=0.05, rate_limit_heavy_burst=HEAVY_BURST,
@@ -45,10 +49,27 @@ def shared_pg_url():
         yield url
 
 
+@contextlib.contextmanager
+def _bare_app(settings):
+    """The same app from the same settings under plain uvicorn in a thread (no Ray): a second replica."""
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda: server.started, "the bare app up", timeout=60)
+        yield Api(name="bare", settings=settings, base_url=f"http://127.0.0.1:{port}/v1")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+
+
 @pytest.fixture(scope="module")
 def pg_pair(apis, shared_pg_url):
-    """Two API apps on one PostgreSQL database: what two replicas share."""
-    return apis("rl-pg-a", database_url=shared_pg_url, **LIMITS), apis("rl-pg-b", database_url=shared_pg_url, **LIMITS)
+    """Two replicas on one PostgreSQL database: the Serve app, and the same app under bare uvicorn."""
+    served = apis("rl-postgres", database_url=shared_pg_url, **LIMITS)
+    with _bare_app(served.settings) as bare:
+        yield served, bare
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
@@ -124,7 +145,6 @@ def test_uploads_and_creates_share_the_stricter_bucket_and_reads_do_not(limited)
     # Reads take from the general bucket only; the refusals created nothing.
     assert sorted(f.id for f in client.files.list().data) == sorted(uploaded)
     assert client.fine_tuning.jobs.list().data == []
-    client.files.retrieve(uploaded[0])
     state = AppState.from_settings(limited.settings)
     assert len(list(state.store.list(f"files/{account_id}/"))) == len(uploaded)
 
@@ -188,7 +208,7 @@ def test_uploads_in_flight_are_capped_per_account_across_replicas_and_freed_howe
     _, other_key = a.create_account()
     db = Database(a.settings.resolved_database_url(), migrate=False)
     try:
-        first, second = SlowUpload(a, key), SlowUpload(b, key)
+        first, second = SlowUpload(b, key), SlowUpload(a, key)
         until(lambda: _slots_held(db, account_id) == 2, "two uploads in flight")
         time.sleep(1.5 * LEASE_S)  # past a lease: their replicas renew them
 
@@ -198,7 +218,13 @@ def test_uploads_in_flight_are_capped_per_account_across_replicas_and_freed_howe
 
         status, stored = first.finish()
         assert status == 200 and stored["status"] == "processed"
-        second.hang_up()
+        with pytest.raises(openai.BadRequestError):
+            _upload(b.client(key), b"not json\n")
+        assert _slots_held(db, account_id) == 1  # refused: its slot is free again; the slow one holds its own
+        third = SlowUpload(b, key)
+        until(lambda: _slots_held(db, account_id) == 2, "a third upload in flight")
+        second.hang_up()  # Serve cancels the request
+        third.hang_up()  # uvicorn tells the app that the client is gone
         until(lambda: _slots_held(db, account_id) == 0, "the slots freed", timeout=30)
         last = _upload(b.client(key))
         # Only the uploads that ended whole were stored: not the refused one, nor the one hung up.
