@@ -7,9 +7,10 @@ clients, each with a key of its own, call `GET /v1/fine_tuning/jobs` (the key lo
 query) for `--seconds`; then one client alone, for the latency one request adds. The bucket is
 set far above the offered rate, so every request pays for the write and none is refused. The
 last line printed is one JSON object: per backend, req/s and p50/p99 with limits off and on, the
-throughput ratio on/off, and the added p50 of a lone request in ms.
+throughput ratio on/off, the added p50 of a lone request in ms, and (`db_path`) the
+authentication's database work alone, with and without the bucket's upsert, alternated call by call.
 
-    python bench/rate_limits.py [--clients 64] [--seconds 8] [--rounds 2]
+    python bench/rate_limits.py [--clients 64] [--seconds 8] [--rounds 2] [--db-calls 2000]
 """
 
 from __future__ import annotations
@@ -123,6 +124,30 @@ def bench_backend(database_url: str | None, data_dir: Path, clients: int, second
             "lone_added_ms": round(lone["on"] - lone["off"], 2), "errors": errors}
 
 
+def bench_db_path(database_url: str | None, data_dir: Path, n: int) -> dict:
+    """The authentication's database work alone, alternating without and with the bucket's upsert
+    call by call (medians: this shared machine's noise dwarfs a round trip end to end)."""
+    from serve_app import rate_limits
+    from storage.accounts import account_for_key
+    from storage.db import Database
+
+    settings = Settings(data_dir=data_dir, database_url=database_url, **UNTHROTTLED)
+    key = _keys(settings, 1)[0]
+    db = Database(settings.resolved_database_url())
+    times: dict[bool, list[float]] = {False: [], True: []}
+    for i in range(2 * n):
+        limited = bool(i % 2)
+        started = time.perf_counter()
+        with db.session() as session:
+            account = account_for_key(session, key)
+            if limited:
+                rate_limits.take(session, settings, account.id, rate_limits.GENERAL)
+        times[limited].append(time.perf_counter() - started)
+    db.dispose()
+    off, on = (statistics.median(times[m]) * 1000 for m in (False, True))
+    return {"auth_p50_ms_off": round(off, 3), "auth_p50_ms_on": round(on, 3), "added_ms": round(on - off, 3)}
+
+
 def _wait_up(base: str) -> None:
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
@@ -157,14 +182,17 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=64)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--db-calls", type=int, default=2000, help="authentications of each kind, database path alone")
     args = parser.parse_args()
     out: dict = {"route": "GET /v1/fine_tuning/jobs", "server": "uvicorn, one process, no Ray"}
     with tempfile.TemporaryDirectory(prefix="openft-bench-rl-") as tmp:
         out["sqlite"] = bench_backend(None, Path(tmp) / "sqlite", args.clients, args.seconds, args.rounds)
+        out["sqlite"]["db_path"] = bench_db_path(None, Path(tmp) / "sqlite", args.db_calls)
         url, drop = _pg_database()
         try:
             if url is not None:
                 out["postgres"] = bench_backend(url, Path(tmp) / "pg", args.clients, args.seconds, args.rounds)
+                out["postgres"]["db_path"] = bench_db_path(url, Path(tmp) / "pg", args.db_calls)
         finally:
             drop()
     print(json.dumps(out))

@@ -1,8 +1,9 @@
 """Rate limits per API key and uploads in flight per account (serve_app/rate_limits.py).
 
-Against deployed APIs with limits on (the suite's other deployments run without): the Serve app on
-SQLite, and on PostgreSQL beside a second replica that shares its database: the same app from the
-same settings under bare uvicorn (which also runs the app without Ray, as `create_app` promises).
+Against the running API with limits on (the suite's deployments run without): on PostgreSQL the
+Serve app beside a second replica that shares its database, the same app from the same settings
+under bare uvicorn (which also runs the app without Ray, as `create_app` promises); on SQLite
+that bare app alone.
 The database-level tests race real threads on the real upsert and lock.
 """
 
@@ -24,6 +25,7 @@ import uvicorn
 from sqlalchemy import func, select
 
 from openft.demo_data import ticket_splits, tickets_jsonl
+from openft.settings import Settings
 from serve_app.app import create_app
 from serve_app.rate_limits import acquire_slot
 from serve_app.state import AppState
@@ -73,10 +75,13 @@ def pg_pair(apis, shared_pg_url):
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgres"])
-def limited(request, apis):
-    if request.param == "sqlite":
-        return apis("rl-sqlite", **LIMITS)
-    return request.getfixturevalue("pg_pair")[0]
+def limited(request, session_dir):
+    if request.param == "postgres":
+        yield request.getfixturevalue("pg_pair")[0]
+        return
+    # Bare uvicorn: a Serve deployment more would cost the suite more than these calls do.
+    with _bare_app(Settings(data_dir=session_dir / "api-rl-sqlite", model_source="standin", **LIMITS)) as app:
+        yield app
 
 
 def _upload(client, data: bytes = GOOD):
