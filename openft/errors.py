@@ -7,6 +7,7 @@ Messages never echo user data: line numbers, field names and codes only.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 
@@ -20,6 +21,7 @@ class ServiceError(Exception):
         self.code = code
         self.param = param
         self.extra = extra
+        self.headers: dict[str, str] = {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}}
@@ -54,13 +56,19 @@ class PayloadTooLarge(ServiceError):
 
 
 class RateLimited(ServiceError):
-    """429 with the effective limit and current use in `error.limit`."""
+    """429, with the effective limit and current use in `error.limit` where there is one, and
+    `Retry-After` (whole seconds, rounded up; `retry-after-ms` for the openai SDK) where known."""
 
     status = 429
     type = "rate_limit_error"
 
-    def __init__(self, message: str, *, limit: float, current: float, code: str = "limit_exceeded", param: str | None = None):
-        super().__init__(message, code=code, param=param, limit={"limit": limit, "current": current})
+    def __init__(self, message: str, *, limit: float | None = None, current: float | None = None,
+                 code: str = "limit_exceeded", param: str | None = None, retry_after: float | None = None):
+        extra = {} if limit is None else {"limit": {"limit": limit, "current": current}}
+        super().__init__(message, code=code, param=param, **extra)
+        if retry_after is not None:
+            self.headers = {"Retry-After": str(max(1, math.ceil(retry_after))),
+                            "retry-after-ms": str(max(1, math.ceil(retry_after * 1000)))}
 
 
 # Naming the refused field is the reference's rule, but a name is the caller's data: echoed in

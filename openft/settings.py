@@ -158,6 +158,26 @@ class Settings(BaseSettings):
             raise ValueError("public_base_url must be an http(s) URL with a host and no query, e.g. https://ft.example.com")
         return value.rstrip("/")
 
+    # -- Rate limits per API key and uploads in flight per account (serve_app/rate_limits.py) --
+    rate_limit_requests_per_second: float = Field(
+        50.0, ge=0, description="Token bucket on every authenticated request, per API key, shared by all replicas "
+        "through the database; 0 = unlimited (no database write per request).",
+    )
+    rate_limit_requests_burst: int = Field(100, ge=1, description="Requests a key may make at once before the rate applies.")
+    rate_limit_heavy_per_second: float = Field(
+        2.0, ge=0, description="A stricter bucket, per API key, on uploads (POST /v1/files) and job creates together, "
+        "on top of the general one; 0 = unlimited.",
+    )
+    rate_limit_heavy_burst: int = Field(10, ge=1, description="Uploads and job creates a key may make at once.")
+    uploads_in_flight_per_account: int = Field(
+        4, ge=0, description="Uploads of one account receiving their body at once, across all replicas; a further "
+        "one answers 429 rate_limit_exceeded. 0 = unlimited.",
+    )
+    upload_slot_lease_seconds: float = Field(
+        60.0, gt=0, description="An upload renews its slot's lease every third of this while it runs: a replica that "
+        "dies mid-upload holds the slot at most this long.",
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:

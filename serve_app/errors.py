@@ -33,7 +33,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         # A refusal may carry headers of its own (Connection: close after an unread body, Retry-After).
-        return error_response(exc, getattr(exc, "headers", None))
+        return error_response(exc, exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -233,3 +233,28 @@ class SchedulerLock(Base):
     __tablename__ = "scheduler_lock"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
+
+
+class RateBucket(Base):
+    """One token bucket of one account (`storage/rate_limits.py`): every API replica updates the
+    same row, so together they allow the configured rate, not one rate each."""
+
+    __tablename__ = "rate_buckets"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    bucket: Mapped[str] = mapped_column(String(16), primary_key=True)
+    tokens: Mapped[float] = mapped_column(Float)
+    # Seconds since the epoch on the database's clock (replicas' clocks may disagree).
+    updated_at: Mapped[float] = mapped_column(Float)
+    # Whether the last request took a token: the upsert's RETURNING sees only the new row.
+    allowed: Mapped[bool] = mapped_column()
+
+
+class UploadSlot(Base):
+    """An upload in flight, held by a lease its replica renews; a crashed replica's lease lapses."""
+
+    __tablename__ = "upload_slots"
+
+    holder: Mapped[str] = mapped_column(String(32), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
+    expires_at: Mapped[float] = mapped_column(Float)

@@ -26,6 +26,9 @@ RAY_SETTINGS = Settings(data_dir=SESSION_DIR / "ray-home")
 prepare_ray_environment(RAY_SETTINGS)
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
+# The suite's deployments run unthrottled: tests (and fuzzers) make many quick calls from one key.
+# tests/serve_app/test_rate_limits.py deploys its own with limits on.
+RATE_LIMITS_OFF = {"rate_limit_requests_per_second": 0, "rate_limit_heavy_per_second": 0, "uploads_in_flight_per_account": 0}
 
 
 def free_port() -> int:
@@ -168,7 +171,7 @@ def apis(request, session_dir: Path, serve_port: int):
 
     def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
-            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **settings_overrides}
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF, **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")
             settings = Settings(data_dir=session_dir / f"api-{name}", **overrides)

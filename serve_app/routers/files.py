@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from serve_app.auth import current_account
+from serve_app.auth import current_account, upload_slot
 from serve_app.downloads import digest_stream
 from serve_app.request_body import json_object
 from serve_app.schemas.common import Page
@@ -18,7 +18,7 @@ from storage.models import Account
 router = APIRouter(prefix="/files", tags=["files"])
 
 
-@router.post("", response_model=FileObject)
+@router.post("", response_model=FileObject, dependencies=[Depends(upload_slot, scope="function")])
 async def create_file(request: Request, account: Account = Depends(current_account)):
     state = request.app.state.openft
     row = await upload_file(state, account, request.headers, request.stream())

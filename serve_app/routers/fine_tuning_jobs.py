@@ -7,7 +7,7 @@ import re
 from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
-from serve_app.auth import current_account
+from serve_app.auth import current_account, heavy_request
 from serve_app.request_body import json_object
 from serve_app.schemas.common import Page
 from serve_app.schemas.fine_tuning import FineTuningJob, FineTuningJobCheckpoint, FineTuningJobEvent
@@ -18,7 +18,7 @@ router = APIRouter(prefix="/fine_tuning/jobs", tags=["fine_tuning"])
 _METADATA_KEY = re.compile(r"^metadata\[(.+)\]$")
 
 
-@router.post("", response_model=FineTuningJob)
+@router.post("", response_model=FineTuningJob, dependencies=[Depends(heavy_request)])
 async def create_fine_tuning_job(request: Request, account: Account = Depends(current_account)) -> FineTuningJob:
     body = await json_object(request)
     return await run_in_threadpool(service.create_job, request.app.state.openft, account, body)
