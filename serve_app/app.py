@@ -12,6 +12,7 @@ from openft.settings import Settings
 from serve_app.errors import install_error_handlers
 from serve_app.routers import adapters, admin, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
+from serve_app.slow_clients import install_slow_body_guard
 from serve_app.state import AppState
 
 log = logging.getLogger("openft.api")
@@ -40,6 +41,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     app = FastAPI(title="openft", lifespan=lifespan)
     app.state.openft = state
     install_error_handlers(app)
+    install_slow_body_guard(app, settings)
     v1 = APIRouter(prefix="/v1")
     v1.include_router(files.router)
     v1.include_router(fine_tuning_jobs.router)
