@@ -110,8 +110,8 @@ def stop_serving(settings: Settings) -> None:
     ray.shutdown()
 
 
-def descendants() -> list[tuple[int, str]]:
-    """This process's descendants as (pid, start time) (Linux; empty elsewhere): a local Ray's raylet,
+def descendants(root: int | None = None) -> list[tuple[int, str]]:
+    """The descendants of `root` (default: this process) as (pid, start time) (Linux; empty elsewhere): a local Ray's raylet,
     GCS and dashboard are its children and every worker is the raylet's. Taken before shutdown
     starts, since a worker whose raylet has died is re-parented and no longer found from here."""
     children: dict[int, list[tuple[int, str]]] = {}
@@ -121,7 +121,7 @@ def descendants() -> list[tuple[int, str]]:
         except (OSError, IndexError):
             continue
         children.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
-    found, todo = [], [os.getpid()]
+    found, todo = [], [root or os.getpid()]
     while todo:
         for child in children.get(todo.pop(), []):
             found.append(child)
