@@ -18,7 +18,7 @@ import openai
 
 from entrypoints.ray_runtime import descendants
 from tests.conftest import free_port
-from tests.serve_app.test_slow_clients import SlowUpload
+from tests.utils.slow_upload import SlowUpload
 
 OPENFT = [sys.executable, "-m", "entrypoints.cli"]
 SIGTERM_BOUND_S = 10  # issue 12's requirement, and the test's bound: a generous one on this machine

@@ -57,10 +57,6 @@ def test_closed_database_port_and_one_slash_s3_url_are_both_reported(data_dir):
     assert "OPENFT_STORAGE_URL: storage URL must start with file:/// (a local directory) or s3:// (a bucket)" in err
 
 
-def test_unsupported_storage_scheme(data_dir):
-    _refused(data_dir, "OPENFT_STORAGE_URL: storage URL must start with file:///", storage_url="ftp://x")
-
-
 def test_objects_dir_under_a_file(data_dir):
     (data_dir / "plain-file").write_text("x")
     _refused(data_dir, "NotADirectoryError", storage_url=f"file://{data_dir}/plain-file/objects")
