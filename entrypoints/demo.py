@@ -65,7 +65,7 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
     from entrypoints.ray_runtime import prepare_ray_environment
 
     prepare_ray_environment(settings)
-    from entrypoints.ray_runtime import deploy_api, start_ray
+    from entrypoints.ray_runtime import deploy_api, start_ray, stop_serving
     from train.controller import start_controller
 
     context = start_ray(settings, num_cpus=None)
@@ -77,11 +77,7 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
             print(f"Ray dashboard: http://{context.dashboard_url} (token in {settings.data_dir / 'ray_auth_token'})")
         return _demo(settings, base_url)
     finally:
-        import ray
-        from ray import serve
-
-        serve.shutdown()
-        ray.shutdown()
+        stop_serving(settings)
 
 
 def _demo(settings: Settings, base_url: str) -> int:

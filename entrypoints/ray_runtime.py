@@ -11,10 +11,16 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
+import signal
+import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from openft.settings import Settings
+
+# Beyond the replicas' grace, what Serve's controller takes to stop its proxy and itself.
+SERVE_STOP_MARGIN_S = 2.0
 
 # Ray puts unix sockets under its temp dir; their paths must stay under the kernel's 107 bytes.
 _MAX_TEMP_DIR = 60
@@ -75,3 +81,59 @@ def deploy_api(settings: Settings, *, host: str, port: int, name: str = "openft"
     serve.run(build_app(settings), name=name, route_prefix=route_prefix, blocking=False)
     prefix = "" if route_prefix == "/" else route_prefix
     return f"http://{host}:{port}{prefix}/v1"
+
+
+def stop_serving(settings: Settings) -> None:
+    """Stop Serve, giving requests in flight `shutdown_grace_seconds`, then Ray.
+
+    `serve.shutdown()` waits up to 30 s for Serve's controller, and when the controller cannot
+    finish (a SIGTERM sent to the whole process group, as systemd and a terminal's Ctrl-C do, also
+    reaches Ray's own processes, and Ray retries the call on a dying node) that wait was most of
+    the 45 s a SIGTERM took. It runs in a thread of its own and is abandoned past the grace:
+    `ray.shutdown()` stops every process of a local cluster either way."""
+    import ray
+    from ray import serve
+
+    done = threading.Event()
+
+    def _stop_serve() -> None:
+        try:
+            serve.shutdown()
+        except Exception as exc:  # Ray already going: ray.shutdown() below still stops what is left
+            print(f"openft: stopping Serve failed: {type(exc).__name__}", file=sys.stderr, flush=True)
+        finally:
+            done.set()
+
+    threading.Thread(target=_stop_serve, name="openft-serve-shutdown", daemon=True).start()
+    if not done.wait(settings.shutdown_grace_seconds + SERVE_STOP_MARGIN_S):
+        print("openft: Serve did not stop in time; stopping Ray", file=sys.stderr, flush=True)
+    ray.shutdown()
+
+
+def descendants(root: int | None = None) -> list[tuple[int, str]]:
+    """The descendants of `root` (default: this process) as (pid, start time) (Linux; empty elsewhere): a local Ray's raylet,
+    GCS and dashboard are its children and every worker is the raylet's. Taken before shutdown
+    starts, since a worker whose raylet has died is re-parented and no longer found from here."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        children.setdefault(int(fields[1]), []).append((int(entry.name), fields[19]))
+    found, todo = [], [root or os.getpid()]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def kill_leftovers(processes: list[tuple[int, str]]) -> None:
+    """SIGKILL those of `processes` still running (the same pid and start time: not a reused pid)."""
+    for pid, started in processes:
+        try:
+            if (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[19] == started:
+                os.kill(pid, signal.SIGKILL)
+        except (OSError, IndexError):
+            continue  # already gone

@@ -50,6 +50,13 @@ class Conflict(ServiceError):
     type = "invalid_request_error"
 
 
+class RequestTimeout(ServiceError):
+    """408: the client stopped sending its request body, or sent it too slowly."""
+
+    status = 408
+    type = "invalid_request_error"
+
+
 class PayloadTooLarge(ServiceError):
     status = 413
     type = "invalid_request_error"

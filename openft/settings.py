@@ -178,6 +178,43 @@ class Settings(BaseSettings):
         "dies mid-upload holds the slot at most this long.",
     )
 
+    # --- Serving the API (issue 12): Serve sizing, slow clients, start-up checks, shutdown ---
+    api_replicas: int = Field(
+        1,
+        ge=1,
+        description="Ray Serve replicas of the API deployment. Each is a process with its own thread pool and DB "
+        "pool; add replicas for CPU (one per spare core), not for concurrency, which max_ongoing_requests gives.",
+    )
+    api_max_ongoing_requests: int = Field(
+        128,
+        ge=1,
+        description="Requests one API replica takes at once (Ray Serve's max_ongoing_requests, default 5 there). "
+        "Handlers are async or run on a 40-thread pool, so a replica serves far more than 5; a low cap queues "
+        "list/retrieve calls in the proxy behind uploads that hold their slot for the length of the transfer.",
+    )
+    body_idle_timeout_seconds: float = Field(
+        30.0, gt=0, description="A request body that sends no byte for this long is refused 408 request_timeout."
+    )
+    upload_min_bytes_per_second: int = Field(
+        1024,
+        ge=0,
+        description="After body_rate_grace_seconds of waiting on the client, a request body that has averaged fewer "
+        "bytes per second than this (counting only time spent waiting for it) is refused 408 request_timeout. "
+        "0 turns the check off.",
+    )
+    body_rate_grace_seconds: float = Field(
+        10.0, ge=0, description="Waiting time a request body gets before upload_min_bytes_per_second applies."
+    )
+    preflight_timeout_seconds: float = Field(
+        10.0, gt=0, description="How long each start-up check (database, object store) may take before it fails."
+    )
+    shutdown_grace_seconds: float = Field(
+        3.0,
+        ge=0,
+        description="On SIGTERM, requests in flight get this long to finish before the API replicas stop; "
+        "`openft serve` exits within a few seconds more.",
+    )
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:

@@ -13,6 +13,7 @@ from serve_app.errors import install_error_handlers
 from serve_app.request_body import BodyLimit
 from serve_app.routers import adapters, admin, api_docs, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
+from serve_app.slow_clients import install_slow_body_guard
 from serve_app.state import AppState
 
 log = logging.getLogger("openft.api")
@@ -42,6 +43,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     app = FastAPI(title="openft", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.openft = state
     install_error_handlers(app)
+    install_slow_body_guard(app, settings)
     v1 = APIRouter(prefix="/v1")
     v1.include_router(files.router)
     v1.include_router(fine_tuning_jobs.router)

@@ -14,9 +14,10 @@ from typing import Callable, Iterator, TypeVar
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, make_url
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 log = logging.getLogger("openft.db")
@@ -57,6 +58,28 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)
+
+
+def ping(url: str, timeout_s: float) -> None:
+    """Connect once and run `SELECT 1`, giving up on a connection after `timeout_s` (a start-up
+    check: `openft serve` refuses to start on a database it cannot reach). Raises SQLAlchemy's error."""
+    if url.startswith("sqlite"):
+        engine = make_engine(url)
+    else:
+        engine = create_engine(url, poolclass=NullPool, connect_args={"connect_timeout": max(1, round(timeout_s))})
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("SELECT 1")
+    finally:
+        engine.dispose()
+
+
+def describe_url(url: str) -> str:
+    """The URL as an operator may see it on the console: its password masked."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except sa_exc.ArgumentError:
+        return "(not a SQLAlchemy URL)"
 
 
 def upgrade(engine: Engine) -> None:

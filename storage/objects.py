@@ -8,6 +8,8 @@ picklable, and `spec()` gives the arguments that reopen it, so Ray tasks can tak
 
 from __future__ import annotations
 
+import re
+import uuid
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Iterator, Protocol
@@ -26,11 +28,17 @@ __all__ = [
     "S3ObjectStore",
     "Writer",
     "aligned_buffer",
+    "check_storage_url",
+    "probe_writable",
     "pread_full",
     "check_key",
     "check_prefix",
     "open_object_store",
 ]
+
+# S3's bucket naming rules, loosely: enough to refuse `s3:/bucket`, `s3://` and `s3://user@host`.
+_BUCKET = re.compile(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]")
+PROBE_PREFIX = "openft-probe"
 
 
 class Writer(Protocol):
@@ -110,11 +118,40 @@ def open_object_store(
 
     `part_size` is the S3 writer's buffer and multipart part size (at least 5 MiB).
     """
-    parsed = urlparse(storage_url)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
+    if check_storage_url(storage_url) == "file":
+        return LocalObjectStore(Path(unquote(urlparse(storage_url).path)), storage_url)
+    return S3ObjectStore(storage_url, s3_endpoint_url, s3_region, part_size)
+
+
+def check_storage_url(storage_url: str) -> str:
+    """The scheme ("file" or "s3") of a well-formed storage URL; anything else raises ValueError
+    saying what to write. `urlparse` alone accepts `s3:/bucket` and `file:relative`, which then
+    name the wrong place, so the `//` and the absolute path are checked here."""
+    scheme, sep, rest = storage_url.partition("://")
+    if scheme == "file" and sep:
+        host, _, path = rest.partition("/")
+        if host not in ("", "localhost"):
             raise ValueError("a file:// storage URL names a local directory: file:///abs/dir (three slashes)")
-        return LocalObjectStore(Path(unquote(parsed.path)), storage_url)
-    if parsed.scheme == "s3":
-        return S3ObjectStore(storage_url, s3_endpoint_url, s3_region, part_size)
-    raise ValueError("storage URL must start with file:// (a local directory) or s3:// (a bucket)")
+        if not path.strip("/"):
+            raise ValueError("a file:// storage URL names an absolute directory: file:///abs/dir")
+        return "file"
+    if scheme == "s3" and sep:
+        bucket = rest.partition("/")[0]
+        if not _BUCKET.fullmatch(bucket):
+            raise ValueError(
+                "an S3 storage URL names its bucket (3-63 characters: a-z, 0-9, '.', '-'): s3://bucket or s3://bucket/prefix"
+            )
+        return "s3"
+    raise ValueError("storage URL must start with file:/// (a local directory) or s3:// (a bucket)")
+
+
+def probe_writable(store: ObjectStore) -> None:
+    """Write, read back and delete a small probe object: raises the backend's own error (OSError,
+    botocore's) when the directory is read-only, the bucket is missing or the credentials are refused."""
+    key = f"{PROBE_PREFIX}/{uuid.uuid4().hex}"
+    store.put_bytes(key, b"openft probe")
+    try:
+        if store.get_bytes(key) != b"openft probe":
+            raise OSError(f"the object store returned other bytes than were written under {key}")
+    finally:
+        store.delete(key)

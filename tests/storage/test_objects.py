@@ -349,7 +349,9 @@ def test_s3_credentials_come_from_boto3_chain(seaweed: SeaweedServer, s3_bucket:
 
 @pytest.mark.parametrize(
     "url",
-    ["http://example/x", "file://host/dir", "file://relative/dir", "s3://", "s3:///prefix", "s3://bucket/a/../b", "dir"],
+    ["http://example/x", "file://host/dir", "file://relative/dir", "s3://", "s3:///prefix", "s3://bucket/a/../b", "dir",
+     # accepted before issue 12: `s3:/bucket` opened a bucket named "s3:", the others a relative directory
+     "s3:/bucket", "s3:bucket", "file:relative/dir", "file:/abs/dir", "file:///", "ftp://x", "s3://a", "s3://user@host"],
 )
 def test_open_object_store_rejects_bad_urls(url: str):
     with pytest.raises(ValueError):
