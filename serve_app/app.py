@@ -43,7 +43,6 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     app = FastAPI(title="openft", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.openft = state
     install_error_handlers(app)
-    install_slow_body_guard(app, settings)
     v1 = APIRouter(prefix="/v1")
     v1.include_router(files.router)
     v1.include_router(fine_tuning_jobs.router)
@@ -53,7 +52,8 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(admin.router, include_in_schema=bool(settings.admin_key))
     app.include_router(v1)
     app.include_router(api_docs.router, dependencies=api_docs.access(settings))
-    # Innermost of the app's middleware: one that times out slow bodies must be added after this
-    # (outside it), so that the reads BodyLimit makes go through it.
+    # Starlette runs the middleware added last outermost: the slow-body guard wraps BodyLimit, so
+    # the reads BodyLimit makes (it reads bounded JSON bodies whole) are timed too.
     app.add_middleware(BodyLimit, routes=app.router.routes)
+    install_slow_body_guard(app, settings)
     return app
