@@ -100,7 +100,7 @@ def _parse(line: bytes) -> dict:
         if not line or line == b"\r":
             raise _fail("invalid_json", "the line is empty; remove blank lines (one newline may end the file).")
         if line.startswith(_BOM):
-            raise _fail("invalid_json", "the file starts with a byte-order mark; save it as UTF-8 without BOM.")
+            raise _fail("invalid_json", "the line starts with a byte-order mark; save the file as UTF-8 without BOM.")
         raise _fail("invalid_json", "the line is not valid JSON; each line must be one JSON object.")
     if type(row) is not dict:
         raise _fail("invalid_json", "the line is JSON but not an object; each line must be one JSON object.")
