@@ -6,10 +6,11 @@ import asyncio
 import contextlib
 import logging
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
 from openft.settings import Settings
 from serve_app.errors import install_error_handlers
+from serve_app.request_params import refuse_nul_params
 from serve_app.routers import adapters, admin, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
 from serve_app.state import AppState
@@ -40,7 +41,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     app = FastAPI(title="openft", lifespan=lifespan)
     app.state.openft = state
     install_error_handlers(app)
-    v1 = APIRouter(prefix="/v1")
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(refuse_nul_params)])
     v1.include_router(files.router)
     v1.include_router(fine_tuning_jobs.router)
     v1.include_router(models.router)
