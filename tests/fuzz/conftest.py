@@ -19,10 +19,12 @@ import uvicorn
 from openft.settings import Settings
 from serve_app.app import create_app
 from serve_app.state import AppState
+from storage import keys
 from tests.conftest import Api, _new_pg_database, free_port
 from tests.utils.polling import until
 
 FUZZ_ADMIN_KEY = "fuzz-admin-key-0123456789abcdef"
+ENVELOPE_KEYS = {"message", "type", "param", "code"}  # OpenAI's error object, every refusal's shape
 _REPORT: list[str] = []
 
 
@@ -57,6 +59,11 @@ def serve_in_thread(settings: Settings) -> Iterator[tuple[str, AppState]]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+def stored_keys(state: AppState, account_id: str) -> set[str]:
+    """The account's objects under the uploads prefix (storage/keys.py)."""
+    return set(state.store.list(keys.upload(account_id, "")))
 
 
 @pytest.fixture(scope="session")

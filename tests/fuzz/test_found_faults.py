@@ -2,7 +2,8 @@
 
 - A NUL character in any path or query parameter answered 500 on nearly every route
   (PostgreSQL cannot compare text holding one); now 400 `invalid_value` naming the parameter.
-- Admin amounts and cursors past the database's integer range answered 500.
+- Admin amounts and cursors past the database's integer range, and NUL characters in a credit's
+  note or idempotency key, answered 500.
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ from __future__ import annotations
 import re
 
 import httpx
-import pytest
 
 from openft.settings import Settings
 from serve_app.app import create_app
@@ -53,6 +53,8 @@ def test_admin_amounts_and_cursors_past_the_columns_are_refused(tmp_path, fresh_
         for method, url, body, param in [
             ("POST", "/credits", {"usd": 1.28e224}, "usd"),
             ("POST", "/limits", {"usd_per_day": 1e53}, "usd_per_day"),
+            ("POST", "/credits", {"usd": 1, "note": "a\x00b"}, "note"),
+            ("POST", "/credits", {"usd": 1, "idempotency_key": "a\x00b"}, "idempotency_key"),
             ("GET", "/ledger?after=-21538538680", None, "after"),
             ("GET", "/ledger?after=2147483648", None, "after"),
         ]:

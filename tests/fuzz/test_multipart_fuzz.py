@@ -20,10 +20,9 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from serve_app.state import AppState
-from tests.fuzz.conftest import serve_in_thread
+from tests.fuzz.conftest import ENVELOPE_KEYS, serve_in_thread, stored_keys
 from tests.fuzz.jsonl import MARKER
 
-ENVELOPE_KEYS = {"message", "type", "param", "code"}
 GOOD_FILE = orjson.dumps({"messages": [{"role": "user", "content": MARKER}, {"role": "assistant", "content": "ok"}]})
 _BOUNDARIES = st.one_of(
     st.sampled_from(["b0und", "x" * 70, "x" * 10_000, "", "a b", "\u00e9t\u00e9", "--", "b;c", "=?"]),
@@ -77,7 +76,7 @@ def _fuzz(http: httpx.Client, state: AppState, account_id: str, examples: int, d
     @given(uploads())
     def run(upload):
         headers, body, closed = upload
-        before = set(state.store.list(f"files/{account_id}/"))
+        before = stored_keys(state, account_id)
         listed = [f["id"] for f in http.get("/files").json()["data"]]
         r = http.post("/files", content=body, headers=headers)
         assert r.status_code < 500, f"{r.status_code}: {r.text[:200]}"
@@ -90,7 +89,7 @@ def _fuzz(http: httpx.Client, state: AppState, account_id: str, examples: int, d
         assert set(payload) == {"error"} and set(payload["error"]) == ENVELOPE_KEYS, r.text[:300]
         assert MARKER not in r.text
         assert [f["id"] for f in http.get("/files").json()["data"]] == listed
-        assert set(state.store.list(f"files/{account_id}/")) == before
+        assert stored_keys(state, account_id) == before
 
     run()
     return outcomes

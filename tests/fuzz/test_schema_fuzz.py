@@ -31,9 +31,9 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from serve_app.app import create_app
+from tests.fuzz.conftest import ENVELOPE_KEYS
 from tests.fuzz.jsonl import MARKER
 
-ENVELOPE_KEYS = {"message", "type", "param", "code"}
 ID_PARAMS = {"file_id": "files", "fine_tuning_job_id": "jobs", "model": "models", "account": "accounts"}
 # Deletions and state changes last, so that the reads still meet the seeded objects.
 _LAST = ("delete", "cancel", "pause", "resume")

@@ -26,13 +26,12 @@ from hypothesis import HealthCheck, Phase, event, example, given, settings
 
 from pipelines.validate import FileValidationError, StreamingValidator
 from serve_app.state import AppState
-from tests.fuzz.conftest import serve_in_thread
+from tests.fuzz.conftest import ENVELOPE_KEYS, serve_in_thread, stored_keys
 from tests.fuzz.jsonl import MARKER, explicit_files, jsonl_files, size_edges
 
 # The documented file limits per purpose (the reference's 64 MiB for fine-tune files).
 MAX_BYTES = {"fine-tune": 64 << 20, "batch": 200 << 20}
 FILENAME = f"{MARKER}.jsonl"
-ENVELOPE_KEYS = {"message", "type", "param", "code"}
 
 
 def expected_verdict(purpose: str, data: bytes) -> str | None:
@@ -61,7 +60,7 @@ class Uploader:
         return page["data"][0]["id"] if page["data"] else None
 
     def stored_keys(self) -> set[str]:
-        return set(self.state.store.list(f"files/{self.account_id}/"))
+        return stored_keys(self.state, self.account_id)
 
     def check(self, purpose: str, data: bytes) -> str:
         """Upload `data` and check every property; returns the outcome ("accepted" or the code)."""
