@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-faults bench
+.PHONY: demo test test-faults test-fuzz bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
@@ -20,6 +20,16 @@ test: $(STAMP)
 # Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 11 min here).
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
+
+# The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,
+# schemathesis with more cases per operation, PostgreSQL and the admin routes (the default profile runs in make test).
+test-fuzz: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m fuzz_large tests/fuzz
+
+# Costly end-to-end variants left out of make test's budget: a real distillation at the file
+# limit, the Ray Data path of the create checks on a row of the wrong shape.
+test-heavy: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m heavy
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/validate.py

@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import logging
 
-from fastapi import APIRouter, FastAPI
+from fastapi import APIRouter, Depends, FastAPI
 
 from openft.settings import Settings
 from serve_app.errors import install_error_handlers
 from serve_app.request_body import BodyLimit
+from serve_app.request_params import refuse_nul_params
 from serve_app.routers import adapters, admin, api_docs, files, fine_tuning_jobs, models
 from serve_app.services.retention import reap_once
 from serve_app.slow_clients import install_slow_body_guard
@@ -43,7 +44,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     app = FastAPI(title="openft", lifespan=lifespan, openapi_url=None, docs_url=None, redoc_url=None)
     app.state.openft = state
     install_error_handlers(app)
-    v1 = APIRouter(prefix="/v1")
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(refuse_nul_params)])
     v1.include_router(files.router)
     v1.include_router(fine_tuning_jobs.router)
     v1.include_router(models.router)

@@ -7,15 +7,18 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+NO_NUL = r"^[^\x00]*$"
+
 
 class CreditRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     usd: str | float
     """USD to add, a whole number of cents above 0 ("25.00" or 25)."""
-    note: str | None = Field(None, max_length=200)
+    # No NUL characters: PostgreSQL cannot store them in text (they answered 500).
+    note: str | None = Field(None, max_length=200, pattern=NO_NUL)
     """Why, for the ledger (an invoice number, a promotion)."""
-    idempotency_key: str | None = Field(None, min_length=1, max_length=120)
+    idempotency_key: str | None = Field(None, min_length=1, max_length=120, pattern=NO_NUL)
     """A retried request with the same key adds the credit once."""
 
 

@@ -24,6 +24,11 @@ from storage.models import AccountLimits as LimitsRow
 
 
 
+# The largest amount one credit or daily limit may name: balances are summed in 64-bit columns
+# (PostgreSQL refused 1e224 USD with an overflow, a 500).
+MAX_CENTS = 10**14
+
+
 def _cents(value: object, param: str) -> int:
     try:
         cents = billing.to_cents(value)
@@ -32,6 +37,8 @@ def _cents(value: object, param: str) -> int:
                              param=param) from None
     if cents < 0:
         raise InvalidRequest(f"{param} must not be negative.", code="invalid_value", param=param)
+    if cents > MAX_CENTS:
+        raise InvalidRequest(f"{param} must be at most {MAX_CENTS // 100:,} USD.", code="invalid_value", param=param)
     return cents
 
 
@@ -93,9 +100,14 @@ def set_limits(db: Database, settings: Settings, ref: str, now: int, *, open_job
         return summary(session, account, settings, now)
 
 
+MAX_SEQ = 2**31 - 1  # ledger ids are 32-bit integers: a larger cursor overflowed PostgreSQL's comparison
+
+
 def list_ledger(db: Database, ref: str, *, limit: int, after: int | None) -> Page[LedgerEntryOut]:
     """Newest first; `after` is the id of the last entry of the previous page."""
     check_limit(limit, 100)
+    if after is not None and not 0 <= after <= MAX_SEQ:
+        raise InvalidRequest("after must be the id of a ledger entry.", code="invalid_value", param="after")
     with db.session() as session:
         account = find_account(session, ref)
         query = select(LedgerEntry).where(LedgerEntry.account_id == account.id)
