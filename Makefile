@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-faults test-fuzz bench
+.PHONY: demo test test-faults test-fuzz test-heavy bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
