@@ -29,7 +29,7 @@ from starlette._utils import get_route_path  # the router's own rule for a path 
 from starlette.routing import BaseRoute, compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openft.errors import InvalidRequest, PayloadTooLarge
+from openft.errors import ECHOED_NAME_CHARS, InvalidRequest, PayloadTooLarge
 from serve_app.errors import error_response
 
 KIB, MIB = 1024, 1024 * 1024
@@ -142,4 +142,30 @@ async def json_object(request: Request) -> dict:
         raise InvalidRequest("The request body is not valid JSON.", code="invalid_json", param=None) from None
     if not isinstance(body, dict):
         raise InvalidRequest("The request body must be a JSON object.", code="invalid_json", param=None)
+    path = _nul_path(body, ())
+    if path is not None:
+        # PostgreSQL cannot compare or store text holding NUL (a 500 before this), and no id, name,
+        # suffix or metadata value of this API has one.
+        param = ".".join(path) if path and all(len(p) <= ECHOED_NAME_CHARS for p in path) else None
+        raise InvalidRequest("Strings in the request body must not contain NUL characters.", code="invalid_value",
+                             param=param)
     return body
+
+
+def _nul_path(value, path: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The path of the first string (key or value) holding a NUL character, or None."""
+    if isinstance(value, str):
+        return path if "\x00" in value else None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if "\x00" in key:
+                return path
+            found = _nul_path(item, (*path, key))
+            if found is not None:
+                return found
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _nul_path(item, (*path, str(i)))
+            if found is not None:
+                return found
+    return None

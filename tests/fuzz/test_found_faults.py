@@ -4,6 +4,8 @@
   (PostgreSQL cannot compare text holding one); now 400 `invalid_value` naming the parameter.
 - Admin amounts and cursors past the database's integer range, and NUL characters in a credit's
   note or idempotency key, answered 500.
+- A NUL character in a JSON body (a file id in job create or distill) answered 500; now 400
+  `invalid_value` naming the field (serve_app/request_body.py).
 """
 
 from __future__ import annotations
@@ -62,3 +64,20 @@ def test_admin_amounts_and_cursors_past_the_columns_are_refused(tmp_path, fresh_
             assert r.status_code == 400, (url, r.status_code, r.text[:200])
             assert r.json()["error"]["code"] == "invalid_value" and r.json()["error"]["param"] == param
         assert http.get(admin).json()["balance_usd"] == 0 and http.get(admin + "/ledger").json()["data"] == []
+
+
+def test_nul_in_a_json_body_is_refused(api, account):
+    """A NUL in a JSON body's file id answered 500 on PostgreSQL (job create and distill)."""
+    _, account_id, key = account
+    http = httpx.Client(base_url=api.base_url, headers={"Authorization": f"Bearer {key}"})
+    for url, body, param in [
+        ("/fine_tuning/jobs", {"model": "qwen2.5-7b-instruct", "training_file": "file-\x00"}, "training_file"),
+        ("/fine_tuning/jobs", {"model": "qwen2.5-7b-instruct", "training_file": "file-a",
+                               "metadata": {"k": "v\x00"}}, "metadata.k"),
+        ("/files/distill", {"results_file": "file-\x00", "requests_file": "file-b"}, "results_file"),
+    ]:
+        r = http.post(url, json=body)
+        assert r.status_code == 400, (url, r.status_code, r.text[:200])
+        assert r.json()["error"]["code"] == "invalid_value" and r.json()["error"]["param"] == param, (url, r.text)
+    assert http.get("/fine_tuning/jobs").json()["data"] == []
+    assert http.get("/files").json()["data"] == []
