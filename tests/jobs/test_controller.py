@@ -198,7 +198,9 @@ def test_a_run_ray_lost_is_queued_again_not_failed(backend, controllers, ray_clu
 def test_two_controllers_never_both_drive_a_job_and_the_lease_hands_over(postgres, controllers, ray_cluster):
     settings, db = postgres(max_concurrent_runs=2, train_worker_resources={})
     jobs = [new_job(db)[1] for _ in range(3)]
-    first_runs, second_runs = ScriptedRuns(steps=60, step_s=0.05), ScriptedRuns(steps=3)
+    # B's runs outlast its five passes (1.5 s), even on a loaded machine: a run of B's that ended
+    # within them would free a slot, and a third start would be within the cap, not past it.
+    first_runs, second_runs = ScriptedRuns(steps=60, step_s=0.05), ScriptedRuns(steps=3, step_s=0.5)
     a, b = controllers(settings, first_runs), controllers(settings, second_runs)
     with_a: list[str] = []
     barrier = threading.Barrier(2)
