@@ -26,8 +26,9 @@ test-faults: $(STAMP)
 test-fuzz: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m fuzz_large tests/fuzz
 
-# Costly end-to-end variants left out of make test's budget: a real distillation at the file
-# limit, the Ray Data path of the create checks on a row of the wrong shape.
+# Suites left out of make test's budget: deployments of their own or long waits (rate limits,
+# slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
+# Data path of the create checks on a row of the wrong shape.
 test-heavy: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy
 

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import re
 
 import httpx
@@ -17,6 +19,9 @@ import httpx
 from openft.settings import Settings
 from serve_app.app import create_app
 from tests.fuzz.conftest import FUZZ_ADMIN_KEY, serve_in_thread
+
+# make test-fuzz: the faults the fuzzers found, pinned beside the fuzzers' large profile.
+pytestmark = pytest.mark.fuzz_large
 
 
 def _requests_with_a_nul(settings: Settings):

@@ -102,7 +102,7 @@ def _client(base_url: str, key: str) -> httpx.Client:
                         limits=httpx.Limits(max_keepalive_connections=0))
 
 
-PROFILES = [pytest.param(300, id="default"), pytest.param(3000, id="large", marks=pytest.mark.fuzz_large)]
+PROFILES = [pytest.param(300, id="default"), pytest.param(1500, id="large", marks=pytest.mark.fuzz_large)]
 
 
 @pytest.mark.parametrize("examples", PROFILES)

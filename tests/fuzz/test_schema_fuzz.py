@@ -186,5 +186,5 @@ def test_every_operation_sqlite(fuzz_api, fuzz_report):
 
 @pytest.mark.fuzz_large
 def test_every_operation_postgres_with_admin(fuzz_pg_api, fuzz_report):
-    _run(fuzz_pg_api, examples=150, derandomize=False, fuzz_report=fuzz_report,
+    _run(fuzz_pg_api, examples=80, derandomize=False, fuzz_report=fuzz_report,
          name="large, postgres, admin key")

@@ -28,6 +28,10 @@ from tests.serve_app.test_jobs_api import refused
 from tests.utils.polling import until
 from train.controller import JobController
 
+# make test-heavy: a deployment of its own and real Ray Data distillations (about a minute here);
+# make test keeps the shortcut's end-to-end run in tests/serve_app/test_training_api.py.
+pytestmark = pytest.mark.heavy
+
 MODEL = "qwen2.5-0.5b-instruct"
 ENDED = ("succeeded", "failed", "cancelled")
 

@@ -36,6 +36,9 @@ from tests.conftest import Api, _new_pg_database, free_port
 from tests.factories import db_account
 from tests.utils.polling import until
 
+# make test-heavy: a deployment of its own with the limits on, and waits on real token buckets.
+pytestmark = pytest.mark.heavy
+
 GOOD = tickets_jsonl(ticket_splits()[0][:30])
 RATE, BURST = 1.0, 12  # the general bucket
 HEAVY_BURST = 6  # at one per 20 s, so that no token comes back within a test

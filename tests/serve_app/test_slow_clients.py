@@ -17,6 +17,9 @@ from serve_app.state import AppState
 from tests.conftest import _deploy, _new_pg_database
 from tests.utils.slow_upload import SlowUpload
 
+# make test-heavy: a deployment of its own, and clients that trickle for the timeouts to run out.
+pytestmark = pytest.mark.heavy
+
 # Small limits so the cut-offs come within seconds: a stalled body is cut after IDLE_S, a
 # trickling one (1 byte/s, never idle that long) once it has waited GRACE_S below MIN_RATE.
 IDLE_S, GRACE_S, MIN_RATE = 3.0, 6.0, 100
