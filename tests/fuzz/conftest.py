@@ -28,9 +28,14 @@ ENVELOPE_KEYS = {"message", "type", "param", "code"}  # OpenAI's error object, e
 _REPORT: list[str] = []
 
 
+# The large profile accepts thousands of files into one account, past the per-account file limit
+# (1,000 by default), whose refusals tests/serve_app/test_upload_hardening.py covers.
+FUZZ_LIMITS = {"account_max_files": 1_000_000}
+
+
 @pytest.fixture(scope="session")
 def fuzz_api(apis) -> Api:
-    return apis("fuzz")
+    return apis("fuzz", **FUZZ_LIMITS)
 
 
 @pytest.fixture(scope="session")
@@ -42,7 +47,7 @@ def fuzz_pg_database_url():
 @pytest.fixture(scope="session")
 def fuzz_pg_api(apis, fuzz_pg_database_url) -> Api:
     """PostgreSQL, with the admin API on: the large profile fuzzes the admin routes too."""
-    return apis("fuzz-pg", database_url=fuzz_pg_database_url, admin_key=FUZZ_ADMIN_KEY)
+    return apis("fuzz-pg", database_url=fuzz_pg_database_url, admin_key=FUZZ_ADMIN_KEY, **FUZZ_LIMITS)
 
 
 @contextmanager
