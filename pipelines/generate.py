@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import secrets
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -67,7 +67,10 @@ class GenResult:
 
 
 class Engine(Protocol):
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]: ...
+    def generate(self, requests: Sequence[GenRequest], should_stop: Callable[[], bool] | None = None) -> list[GenResult]:
+        """One result per request in request order; when `should_stop()` turns True (it is polled
+        between decode steps) only the rows finished by then come back."""
+        ...
 
 
 def render_prompt(messages: list[dict], tokenizer, base: BaseModelSpec, line_no: int = 0) -> list[int]:
@@ -113,17 +116,19 @@ def load_engine(
         from peft import PeftModel
 
         with tempfile.TemporaryDirectory(prefix="openft-adapters-") as tmp:
+            # peft names modules after adapters, so ours (`ft:...`, with dots) are loaded under aliases.
             for i, (name, files) in enumerate(sorted(adapters.items())):
                 directory = Path(tmp) / f"a{i}"
                 directory.mkdir()
                 for filename, data in files.items():
                     (directory / Path(filename).name).write_bytes(data)
                 if i == 0:
-                    model = PeftModel.from_pretrained(model, directory, adapter_name=name, is_trainable=False)
+                    model = PeftModel.from_pretrained(model, directory, adapter_name=f"a{i}", is_trainable=False)
                 else:
-                    model.load_adapter(directory, adapter_name=name, is_trainable=False)
+                    model.load_adapter(directory, adapter_name=f"a{i}", is_trainable=False)
     model.to(device).eval()
-    return TransformersEngine(model, tokenizer, base, max_batch_rows=max_batch_rows)
+    aliases = {name: f"a{i}" for i, name in enumerate(sorted(adapters))}
+    return TransformersEngine(model, tokenizer, base, max_batch_rows=max_batch_rows, aliases=aliases)
 
 
 def adapter_rank(files: dict[str, bytes]) -> int:
@@ -141,17 +146,18 @@ class _Row:
 class TransformersEngine:
     """The batched decode loop over `model` (a peft model with named adapters, or a plain model)."""
 
-    def __init__(self, model, tokenizer, base: BaseModelSpec, *, max_batch_rows: int = 16):
+    def __init__(self, model, tokenizer, base: BaseModelSpec, *, max_batch_rows: int = 16, aliases: dict[str, str] | None = None):
         self.model, self.tokenizer, self.base = model, tokenizer, base
         self.max_batch_rows = max(1, max_batch_rows)
         self.eot = set(end_of_turn_ids(tokenizer, base))
         self.device = next(model.parameters()).device
         self._peft = hasattr(model, "peft_config")
-        self._adapters = set(model.peft_config) if self._peft else set()
+        # Request adapter name -> peft adapter name; by default the peft names themselves.
+        self.aliases = aliases if aliases is not None else {n: n for n in getattr(model, "peft_config", {})}
 
-    def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
+    def generate(self, requests: Sequence[GenRequest], should_stop: Callable[[], bool] | None = None) -> list[GenResult]:
         for r in requests:
-            if r.adapter is not None and r.adapter not in self._adapters:
+            if r.adapter is not None and r.adapter not in self.aliases:
                 raise ValueError(f"adapter {r.adapter!r} is not loaded on this engine")
             if not r.prompt_ids or r.params.max_tokens < 1:
                 raise ValueError("every request needs a prompt and max_tokens >= 1")
@@ -159,17 +165,17 @@ class TransformersEngine:
         queue.reverse()  # pop() from the end
         results: dict[int, GenResult] = {}
         with torch.inference_mode():
-            self._run(queue, results)
-        return [results[r.key] for r in requests]
+            self._run(queue, results, should_stop or (lambda: False))
+        return [results[r.key] for r in requests if r.key in results]
 
     # --- the loop ---
 
-    def _run(self, queue: list[GenRequest], results: dict[int, GenResult]) -> None:
+    def _run(self, queue: list[GenRequest], results: dict[int, GenResult], should_stop: Callable[[], bool]) -> None:
         rows: list[_Row] = []
         cache = mask = None
         next_ids: list[int] = []
         solo = False  # a cache that cannot be spliced: one row at a time
-        while queue or rows:
+        while (queue or rows) and not should_stop():
             while queue and len(rows) < (1 if solo else self.max_batch_rows):
                 request = queue.pop()
                 row = _Row(request, _generator(request.params), length=len(request.prompt_ids))
@@ -205,7 +211,7 @@ class TransformersEngine:
     def _adapter_kwargs(self, names: list[str | None]) -> dict:
         if not self._peft:
             return {}
-        return {"adapter_names": [n if n is not None else BASE_ADAPTER for n in names]}
+        return {"adapter_names": [self.aliases[n] if n is not None else BASE_ADAPTER for n in names]}
 
     def _prefill(self, request: GenRequest):
         from transformers import DynamicCache

@@ -161,7 +161,7 @@ def test_end_of_turn_stops_and_is_counted_but_not_written(engine, tokenizer, bas
     # The same model with a base whose end-of-turn token is the model's 3rd greedy token.
     eot = full.token_ids[2]
     stand_base = dataclasses.replace(base, end_of_turn=tokenizer.convert_ids_to_tokens(eot))
-    other = TransformersEngine(engine.model, tokenizer, stand_base)
+    other = TransformersEngine(engine.model, tokenizer, stand_base, aliases=engine.aliases)
     result = other.generate([greedy(0, None, ids, max_tokens=10)])[0]
     first = full.token_ids.index(eot)
     assert result.token_ids == full.token_ids[: first + 1] and result.finish_reason == "stop"
@@ -172,7 +172,7 @@ def test_end_of_turn_stops_and_is_counted_but_not_written(engine, tokenizer, bas
 def test_length_at_max_tokens_and_at_the_context(engine, tokenizer, base):
     ids = prompt(tokenizer, base, TICKETS[3])
     assert [r.finish_reason for r in engine.generate([greedy(0, "ft-b", ids, max_tokens=1)])] == ["length"]
-    short = TransformersEngine(engine.model, tokenizer, dataclasses.replace(base, max_seq_length=len(ids) + 3))
+    short = TransformersEngine(engine.model, tokenizer, dataclasses.replace(base, max_seq_length=len(ids) + 3), aliases=engine.aliases)
     result = short.generate([greedy(0, "ft-b", ids, max_tokens=50)])[0]
     assert (result.finish_reason, result.completion_tokens) == ("length", 3)
 
