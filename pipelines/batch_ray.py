@@ -177,8 +177,8 @@ def run_batch(
     outputs = _Shards(store, plan.shard_prefix + "output-")
     usage: dict[str, dict[str, int]] = {}
     done: set[int] = set()
-    stopped = None
-    if work:
+    stopped = should_stop()  # told before any line ran: no engine is started
+    if work and stopped is None:
         work.sort()
         spec = EngineSpec(plan.base_id, settings.batch_engine, settings.model_source, str(settings.model_cache_dir),
                           tuple(store_spec), tuple((adapter_of[m.name], m.adapter_prefix) for m in plan.models if m.adapter_prefix),
