@@ -65,6 +65,9 @@ def checkpoint_dir(step: int) -> str:
     return f"step-{step:08d}/"
 
 
+CHECKPOINT_META = "meta.json"  # written last into a checkpoint's folder: without it the checkpoint is incomplete
+
+
 def checkpoint(job_id: str, step: int) -> str:
     """A checkpoint's prefix: its peft-format adapter files, meta.json and (newest only) state.pt."""
     return f"{checkpoints(job_id)}{checkpoint_dir(step)}"
