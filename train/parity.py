@@ -105,7 +105,7 @@ def parity_request(job, validation_key: str | None, training_key: str, adapter_p
         lora_alpha=spec.lora_alpha, method_type=spec.method_type, max_seq_length=spec.max_seq_length,
         prompts_key=validation_key or training_key, holdout_seed=None if validation_key else spec.seed,
         prompts=settings.parity_prompts, max_tokens=settings.parity_max_tokens,
-        tolerance=settings.parity_logit_tolerance, engine_kind=getattr(settings, "batch_engine", "transformers"),
+        tolerance=settings.parity_logit_tolerance, engine_kind=settings.batch_engine,
     )
 
 

@@ -109,12 +109,12 @@ def test_adapter_that_never_stops_fails_end_of_turn(pstore, cache_root, base):
     assert figures["eot_ok"] is False and figures["eot_completions"] == 0
 
 
+@pytest.mark.heavy  # a fresh Ray worker imports torch, transformers and peft: tens of seconds on 2 shared cores
 def test_a_check_that_cannot_run_is_parity_check_error(pstore, cache_root, ray_cluster):
     """Through its Ray task: no adapter under the prefix. The job still succeeds (the controller
     registers the model not servable), so the failure is recorded, never raised."""
-    beats = []
     out = check_parity(request(pstore, cache_root, "adapters/missing/"), resources={"CPU": 1}, timeout_s=120,
-                       keep_going=lambda: beats.append(1) or True)
+                       keep_going=lambda: True)
 
     assert out["servable"] is False
     assert out["parity"]["check"] == "parity_check_error" and out["parity"]["error"]
