@@ -214,6 +214,25 @@ class Settings(BaseSettings):
         description="On SIGTERM, requests in flight get this long to finish before the API replicas stop; "
         "`openft serve` exits within a few seconds more.",
     )
+    # -- serving-parity check at registration (issue 13, train/parity.py) --
+    parity_check: bool = Field(
+        True,
+        description="Before an ft: model is marked servable, generate held-out prompts through the batch engine, the "
+        "merged weights and the training-time model, and register it servable only if they agree and end their turns.",
+    )
+    parity_prompts: int = Field(4, ge=1, description="Held-out prompts the parity check generates (fewer if the job has fewer).")
+    parity_max_tokens: int = Field(
+        256, ge=1, description="Most tokens a parity completion may take (each prompt: twice its row's answer, plus 16)."
+    )
+    parity_logit_tolerance: float = Field(
+        0.05,
+        ge=0,
+        description="Where two paths' greedy tokens first differ, the training-time model's logit margin between the two "
+        "tokens must be at most this (a float tie); above it the paths disagree and the model is not servable.",
+    )
+    parity_timeout_seconds: float = Field(
+        900.0, gt=0, description="A parity check running longer is stopped; the model is registered not servable."
+    )
 
     # -- a local Ray's worker processes (entrypoints/ray_runtime.py start_ray) --
     ray_preload_modules: list[str] = Field(

@@ -9,8 +9,9 @@ renewing expires and is reconciled by whichever controller runs next.
 A run's thread launches the attempt as a Ray task (train/attempt.py) and supervises it: it renews
 the lease (the heartbeat), and stops the task when the lease is no longer its own, when the job's
 time limit has run out (counted from the run's start, over every attempt), or when the run has
-written nothing for `run_stall_seconds`. Then it registers the adapter (train/registration.py) or
-records the run's end, each a compare-and-set that proves the lease (jobs/transitions.py). Every
+written nothing for `run_stall_seconds`. Then it runs the serving-parity check (train/parity.py, a
+Ray task, the lease renewed meanwhile), registers the adapter (train/registration.py) with its
+figures, or records the run's end, each a compare-and-set that proves the lease (jobs/transitions.py). Every
 write rides through a database outage for `db_outage_seconds`; past that the thread gives up and
 the lease, no longer renewed, hands the job to reconciliation: never `running` with nothing
 driving it.
@@ -33,6 +34,7 @@ import uuid
 
 from sqlalchemy import select
 
+from catalog.bases import get_base
 from jobs import distilling, scheduling, transitions
 from jobs.spec import JobSpec
 from merge.worker import run_pending_merges
@@ -45,6 +47,7 @@ from storage.db import Database
 from storage.models import File, Job
 from storage.objects import open_object_store
 from train.attempt import AttemptResult, FileRef, RayRuns, RunTicket
+from train.parity import ParityAbandoned, check_parity, parity_error, parity_request
 from train.registration import RegistrationError, register
 
 log = logging.getLogger("openft.controller")
@@ -273,6 +276,7 @@ class JobController:
             if moved.status is None:
                 raise LeaseLost()
             return  # cancelled or paused while the last step ran: register nothing
+        parity = self._parity(run) if self.settings.parity_check else None
         metrics_rows = self._write(lambda: self._metrics_rows(run.job_id), "read metrics")
         result_row = {**(result.result or {}), "loss_mask": result.loss_mask}
 
@@ -286,7 +290,7 @@ class JobController:
                 try:
                     register(session, self.store, job, method_type=method_type, adapter_prefix=keys.adapter(job.id).rstrip("/"), now=now,
                              metrics_rows=metrics_rows, retention_days=self.settings.file_retention_days,
-                             default_models_limit=self.settings.models_per_account)
+                             default_models_limit=self.settings.models_per_account, parity=parity)
                 except RegistrationError as exc:
                     transitions.run_refused(session, job, run.owner, now, exc.code, exc.message)
                     return
@@ -294,6 +298,52 @@ class JobController:
                 transitions.run_succeeded(session, job, run.owner, now)
 
         self._write(finish, "register")
+
+    def _parity(self, run: scheduling.Started) -> dict | None:
+        """The serving-parity check's figures (train/parity.py), run as a Ray task while this thread
+        keeps renewing the lease; None for a download-only base (nothing to serve)."""
+
+        def read():
+            with self.db.session() as session:
+                job = session.get(Job, run.job_id)
+                if job is None or job.lease_owner != run.owner:
+                    raise LeaseLost()
+                if not get_base(job.model).servable:
+                    return None
+                found = {f.id: f.object_key for f in session.scalars(
+                    select(File).where(File.id.in_([job.training_file, job.validation_file or ""])))}
+                return parity_request(job, found.get(job.validation_file or ""), found[job.training_file],
+                                      keys.adapter(job.id), self.settings, self.store.spec())
+
+        try:
+            request = self._write(read, "read the parity inputs")
+        except LeaseLost:
+            raise
+        except Exception as exc:  # e.g. its file row is gone: the check cannot run, the job still succeeds
+            return parity_error(type(exc).__name__, 0.0)
+        if request is None:
+            return None
+        every, renewed = max(self.settings.run_lease_seconds / 3, 0.2), time.time()
+
+        def keep_going() -> bool:
+            nonlocal renewed
+            if self._stop.is_set():
+                return False
+            if time.time() - renewed < every:
+                return True
+            try:
+                held = self._renew(run, int(time.time())) is not None
+            except Exception as exc:  # the database is down: keep checking; `finish` proves the lease
+                log.warning("lease renewal of %s failed: %s", run.job_id, type(exc).__name__)
+                return True
+            renewed = time.time()
+            return held
+
+        try:
+            return check_parity(request, resources=dict(self.settings.batch_engine_resources),
+                                timeout_s=self.settings.parity_timeout_seconds, keep_going=keep_going)
+        except ParityAbandoned:
+            raise LeaseLost() from None
 
     def _end(self, run: scheduling.Started, result: AttemptResult) -> None:
         """Record a run that stopped without an adapter to register."""

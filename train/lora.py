@@ -68,9 +68,14 @@ def autocast(device: torch.device):
 
 
 def lora_config(job: TrainJob, base: BaseModelSpec) -> LoraConfig:
+    return lora_config_for(job.lora_rank, job.lora_alpha, base)
+
+
+def lora_config_for(rank: int, alpha: int, base: BaseModelSpec) -> LoraConfig:
+    """The one LoRA config training uses (train/parity.py rebuilds the training-time model with it)."""
     return LoraConfig(
-        r=job.lora_rank,
-        lora_alpha=job.lora_alpha,
+        r=rank,
+        lora_alpha=alpha,
         lora_dropout=0.0,
         target_modules=TARGET_MODULES[base.family],
         bias="none",

@@ -66,8 +66,14 @@ def results_csv(rows: list[dict]) -> bytes:
 
 
 def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter_prefix: str, now: int,
-             metrics_rows: list[dict], retention_days: int, default_models_limit: int = MODEL_QUOTA) -> FineTunedModel:
-    """Inside the caller's transaction: store the results file, register the model, update the job."""
+             metrics_rows: list[dict], retention_days: int, default_models_limit: int = MODEL_QUOTA,
+             parity: dict | None = None) -> FineTunedModel:
+    """Inside the caller's transaction: store the results file, register the model, update the job.
+
+    `parity` is train/parity.py's outcome (`servable`, `reason`, `parity` figures), None when the
+    check did not run (a download-only base, or `parity_check` off). A model that failed it is
+    registered not servable with its reason, and `fine_tuned_model` stays null, as for a
+    download-only base: the reference keeps it null "until the adapter is servable"."""
     account = session.get(Account, job.account_id)
     files = check_adapter(store, adapter_prefix, method_type)
     over = check_model_quota(session, job, default_models_limit)
@@ -80,9 +86,12 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
         )
     base = get_base(job.model)
     name = model_name(base.id, account.org_id, job.id)
+    servable, reason = base.servable, base.not_servable_reason
+    if servable and parity is not None and not parity["servable"]:
+        servable, reason = False, parity["reason"]
     model = FineTunedModel(
-        id=name, account_id=account.id, job_id=job.id, base=base.id, servable=base.servable,
-        reason=base.not_servable_reason, adapter_prefix=adapter_prefix, files=files, created_at=now,
+        id=name, account_id=account.id, job_id=job.id, base=base.id, servable=servable,
+        reason=reason, adapter_prefix=adapter_prefix, files=files, created_at=now,
         created_ns=time.time_ns(),
     )
     session.add(model)
@@ -96,6 +105,8 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
     store.put_bytes(results.object_key, csv_bytes)
     session.add(results)
     job.result_files = [results.id]
-    job.fine_tuned_model = name if base.servable else None
-    job.fine_tuned_adapter = {"model": name, "servable": base.servable, "reason": base.not_servable_reason}
+    job.fine_tuned_model = name if servable else None
+    job.fine_tuned_adapter = {"model": name, "servable": servable, "reason": reason}
+    if parity is not None:
+        job.fine_tuned_adapter["parity"] = parity["parity"]
     return model

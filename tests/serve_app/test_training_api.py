@@ -79,7 +79,17 @@ def test_sft_job_succeeds_registers_and_learns(sft_job, trainer_account, trainin
     assert job.trained_tokens == result["trained_tokens"] > 0
     org = client.fine_tuning.jobs.retrieve(job.id).organization_id.removeprefix("org-")
     assert job.fine_tuned_model == f"ft:qwen2.5-0.5b-instruct:{org}:{job.id.removeprefix('ftjob-')[:12]}"
-    assert gl["fine_tuned_adapter"] == {"model": job.fine_tuned_model, "servable": True, "reason": None}
+    adapter = gl["fine_tuned_adapter"]
+    assert (adapter["model"], adapter["servable"], adapter["reason"]) == (job.fine_tuned_model, True, None)
+    # The serving-parity check (train/parity.py) ran before registration, on held-out rows only.
+    parity = adapter["parity"]
+    assert (parity["passed"], parity["check"], parity["held_out_from"]) == (True, None, "holdout")
+    assert parity["prompts"] == training_api.settings.parity_prompts and parity["eot_ok"] is True
+    assert parity["eot_completions"] == parity["completions"] == 3 * parity["prompts"]
+    for path in ("served", "merged"):
+        assert parity["paths"][path]["agree"] is True
+        assert parity["paths"][path]["tokens_compared"] >= 2 * parity["prompts"]  # a label and the end of turn
+    assert parity["max_logit_gap"] <= parity["logit_tolerance"] and parity["seconds"] > 0
     kinds = [(e.type, (e.data or {}).get("step")) for e in events(client, job.id)]
     assert ("metrics", None) in kinds or any(t == "metrics" for t, _ in kinds)
     csv = client.files.content(job.result_files[0]).content.decode()
