@@ -44,3 +44,8 @@ def file_in_open_batch(session: Session, file_id: str) -> bool:
     """An open batch reads its input file: it cannot be deleted until the batch ends."""
     return session.scalar(select(func.count()).select_from(Batch).where(
         Batch.input_file_id == file_id, Batch.status.in_(OPEN_STATUSES))) > 0
+
+
+def count_leased(session: Session) -> int:
+    """Batches a driver holds (each holds its engine actors' resources on the cluster)."""
+    return session.scalar(select(func.count()).select_from(Batch).where(Batch.lease_owner.is_not(None)))
