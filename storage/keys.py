@@ -8,6 +8,7 @@ multi-tenant prefix) is one edit. Prefixes end in `/`; keys do not.
     files/<account>/distill-<id>/...              a distillation's output
     tokenized/<sha256>/<base>@<rev>/<method>-<n>/ tokenized shards, shared by every job on those bytes
     runs/<job id>/checkpoints/                    a job's checkpoints (every attempt)
+    runs/<job id>/checkpoints/step-<8 digits>/    one checkpoint (its adapter is a model: jobs/model_names.py)
     runs/<job id>/adapter/                        its trained adapter
     runs/<job id>/workers/<run name>              a run's Train worker has started (restart detection)
     merges/<account>/<merge id>/                  a merged-weights export
@@ -59,6 +60,20 @@ def worker_mark(job_id: str, run_name: str) -> str:
 
 def merge_export(account_id: str, merge_id: str) -> str:
     return f"merges/{account_id}/{merge_id}"
+
+
+# -- checkpoints as models (issue 13) --
+def checkpoint_dir(step: int) -> str:
+    """One checkpoint's folder under a job's checkpoints prefix (zero-padded: sorted order is step order)."""
+    return f"step-{step:08d}/"
+
+
+CHECKPOINT_META = "meta.json"  # written last into a checkpoint's folder: without it the checkpoint is incomplete
+
+
+def checkpoint(job_id: str, step: int) -> str:
+    """A checkpoint's prefix: its peft-format adapter files, meta.json and (newest only) state.pt."""
+    return f"{checkpoints(job_id)}{checkpoint_dir(step)}"
 
 
 # -- batches (issue 13) --

@@ -389,3 +389,35 @@ def db_stored_file(settings, account_id: str, data: bytes, *, purpose: str = "fi
     finally:
         db.dispose()
     return fid
+
+
+# -- checkpoints as models (issue 13) --
+def db_job_with_checkpoints(db, account_id: str, steps: list[int], *, register: bool = True,
+                            model: str = JOB_MODEL) -> tuple[str, str]:
+    """A job (on `model`) that recorded a "Checkpoint saved" event per step, as train/loop.py writes
+    them, and, with `register`, its registered `ft:` model. Returns (job id, ft name)."""
+    import time
+
+    from jobs.model_names import job_model_name
+    from storage import jobs as jobs_repo
+    from storage.models import FineTunedModel, Job
+
+    job_id = db_create_job(db, account_id, db_training_file(db, account_id))
+    now = int(time.time())
+    with db.session() as session:
+        job = session.get(Job, job_id)
+        job.model = model
+        for step in steps:
+            jobs_repo.add_event(session, job_id, now, f"Checkpoint saved at step {step}.",
+                                data={"checkpoint": {"step": step, "epoch": 1, "train_loss": 0.5}})
+        name = job_model_name(session, job)
+        if register:
+            from catalog.bases import BASES
+
+            base = BASES[model]
+            session.add(FineTunedModel(
+                id=name, account_id=account_id, job_id=job_id, base=model, servable=base.servable,
+                reason=base.not_servable_reason, adapter_prefix=f"runs/{job_id}/adapter", files={},
+                created_at=now, created_ns=time.time_ns(),
+            ))  # fmt: skip
+    return job_id, name

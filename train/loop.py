@@ -21,9 +21,9 @@ import torch
 
 from catalog.bases import get_base
 from storage.objects import open_object_store
-from train.checkpoint import latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from train.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng, save_checkpoint
 from train.config import TrainingError, TrainJob, TrainOutcome
-from train.lora import adapter_files, adapter_state, build_model, load_adapter_state, pick_device, trainable_parameters
+from train.lora import adapter_files, build_model, load_adapter_weights, pick_device, trainable_parameters
 from train.progress import MetricsClock, Reporter
 
 WARMUP_FRACTION = 0.03
@@ -103,7 +103,7 @@ class TrainLoop:
         if key is None:
             raise TrainingError("training_failed", "The job resumes but has no complete checkpoint to resume from.")
         ckpt = load_checkpoint(self.store, key)
-        load_adapter_state(self.model, ckpt.adapter)
+        load_adapter_weights(self.model, ckpt.adapter)
         self.optimizer.load_state_dict(ckpt.optimizer)
         self.progress = Progress(**ckpt.progress)
         restore_rng(ckpt.rng)
@@ -119,9 +119,8 @@ class TrainLoop:
 
     def checkpoint(self) -> str:
         p = self.progress
-        key = save_checkpoint(
-            self.store, self.job.checkpoint_prefix, p.step, adapter_state(self.model), self.optimizer.state_dict(), asdict(p)
-        )
+        adapter = adapter_files(self.model, get_base(self.job.base_id))  # peft's files: a checkpoint is a model
+        key = save_checkpoint(self.store, self.job.checkpoint_prefix, p.step, adapter, self.optimizer.state_dict(), asdict(p))
         if self.on_checkpoint is not None:
             self.on_checkpoint(key)
         # The job's checkpoints endpoint lists these events (one per epoch end and pause); the event
@@ -130,6 +129,7 @@ class TrainLoop:
             f"Checkpoint saved at step {p.step}.",
             data={"checkpoint": {"step": p.step, "epoch": p.epoch, "train_loss": p.train_loss}},
         )
+        prune_checkpoints(self.store, self.job.checkpoint_prefix)  # after the event: see save_checkpoint
         return key
 
     def run(self, steps: Steps) -> TrainOutcome | None:

@@ -125,6 +125,16 @@ def load_adapter_state(model: PeftModel, state: dict[str, torch.Tensor]) -> None
             params[name].copy_(tensor)
 
 
+def load_adapter_weights(model: PeftModel, weights: dict[str, torch.Tensor]) -> None:
+    """Load peft-format weights (adapter_model.safetensors' keys, which drop the adapter's name) into
+    the training model, exactly; parameter-name keys (checkpoints written before issue 13) load as they are."""
+    adapter = model.active_adapter
+    names = {n.replace(f".{adapter}.", "."): n for n, p in model.named_parameters() if p.requires_grad}
+    if set(weights) <= set(names):
+        weights = {names[k]: v for k, v in weights.items()}
+    load_adapter_state(model, weights)
+
+
 def adapter_files(model: PeftModel, base: BaseModelSpec) -> dict[str, bytes]:
     """peft's standard adapter_model.safetensors and adapter_config.json; the config names our base id
     (`base_model_name_or_path`) and its pinned `revision`."""

@@ -12,6 +12,7 @@ import orjson
 
 from catalog.bases import get_base
 from jobs.limits import check_model_quota
+from jobs.model_names import model_name
 from openft.ids import file_id as new_file_id
 from storage import keys
 from storage.models import Account, File, FineTunedModel, Job
@@ -27,10 +28,6 @@ class RegistrationError(Exception):
     def __init__(self, code: str, message: str):
         super().__init__(message)
         self.code, self.message = code, message
-
-
-def model_name(base_id: str, org_id: str, job_id: str) -> str:
-    return f"ft:{base_id}:{org_id.removeprefix('org-')}:{job_id.removeprefix('ftjob-')[:12]}"
 
 
 def check_adapter(store: ObjectStore, prefix: str, method_type: str) -> dict[str, dict]:

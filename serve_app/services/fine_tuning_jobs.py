@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy import select
 
-from jobs import distilling, limits, transitions
+from jobs import distilling, limits, model_names, transitions
 from jobs.spec import JobSpec
 from openft.errors import Conflict, InvalidRequest, NotFound
 from openft.ids import job_id as new_job_id
@@ -28,7 +28,6 @@ from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo
 from storage.models import Account, Job
-from train.registration import model_name
 
 def job_object(job: Job, account: Account) -> FineTuningJob:
     spec = JobSpec.from_record(job.spec)
@@ -142,21 +141,20 @@ def list_events(state: AppState, account: Account, job_id: str, *, limit: int, a
 def list_checkpoints(
     state: AppState, account: Account, job_id: str, *, limit: int, after: str | None
 ) -> Page[FineTuningJobCheckpoint]:
-    """Checkpoints as the training loop recorded them (an event with `data.checkpoint`), newest first."""
+    """The job's kept checkpoints (jobs/model_names.py: the newest 3 until the run's copies are reaped),
+    newest first; each `fine_tuned_model_checkpoint` is a model (GET /v1/models/{name}, batches)."""
     check_limit(limit, 100)
     with state.db.session() as session:
         job = _get(session, account, job_id)
-        events, _ = jobs_repo.list_events(session, job_id, limit=100_000, after=None)
-        name = (job.fine_tuned_adapter or {}).get("model") or model_name(job.model, account.org_id, job.id)
+        name = model_names.job_model_name(session, job)
+        kept = model_names.kept_checkpoints(session, job)
     checkpoints = []
-    for event in events:
-        info = (event.data or {}).get("checkpoint")
-        if not isinstance(info, dict):  # a checkpoint's saved event; a resume names the one it started from
-            continue
+    for ckpt in kept:
+        info = ckpt.event.data["checkpoint"]
         checkpoints.append(FineTuningJobCheckpoint(
-            id="ftckpt_" + event.id.removeprefix("ftevent-"), created_at=event.created_at,
-            fine_tuned_model_checkpoint=f"{name}:ckpt-step-{info['step']}", fine_tuning_job_id=job_id,
-            metrics=CheckpointMetrics(step=info["step"], train_loss=info.get("train_loss")), step_number=info["step"],
+            id="ftckpt_" + ckpt.event.id.removeprefix("ftevent-"), created_at=ckpt.event.created_at,
+            fine_tuned_model_checkpoint=f"{name}:ckpt-step-{ckpt.step}", fine_tuning_job_id=job_id,
+            metrics=CheckpointMetrics(step=ckpt.step, train_loss=info.get("train_loss")), step_number=ckpt.step,
         ))
     if after:
         ids = [c.id for c in checkpoints]

@@ -5,7 +5,8 @@ every step is safe to repeat or to run twice at once). The reference's "Your dat
 - uploaded and derived files: 30 days after creation (`files.expires_at`), never while an open
   job uses them;
 - copies made for a training run, 7 days after the job ends: everything under `runs/{job_id}/`
-  except a live model's adapter (which stays until the model is deleted), Ray Train's local run
+  except a live model's adapter (which stays until the model is deleted), with the checkpoints
+  (their adapters are models until then: jobs/model_names.py), Ray Train's local run
   directories, and the tokenized shards under `tokenized/{file sha256}/`. Shards are shared by
   every job on a file with those bytes, in any account, so they go only when no such job is open
   or ended less than 7 days ago (checked with a mark, so a job starting meanwhile is safe:

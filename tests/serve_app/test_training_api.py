@@ -125,6 +125,91 @@ def test_models_api_lists_downloads_and_deletes(sft_job, trainer_account, traini
     assert r.status_code == 404
 
 
+def _download(base_url: str, key: str, model: str, name: str) -> httpx.Response:
+    return httpx.get(f"{base_url}/gridline/adapters/{model}/files/{name}", headers={"Authorization": f"Bearer {key}"})
+
+
+def test_the_jobs_kept_checkpoints_are_models_to_retrieve_download_and_load(sft_job, trainer_account, training_api):
+    """Issue 13: each checkpoint the job lists (the 3 newest epochs) is a model: retrieved through the
+    SDK, its peft files downloaded with their SHA-256, loaded with peft, and resolved for a batch."""
+    from peft import PeftModel
+    from safetensors.torch import load as load_safetensors
+
+    from jobs.model_names import resolve_model
+    from storage.db import Database
+    from storage.objects import open_object_store
+
+    client, key = trainer_account
+    job, url = sft_job, training_api.base_url
+    per_epoch = job.model_extra["gridline"]["result"]["steps"] // 5
+    listed = client.fine_tuning.jobs.checkpoints.list(job.id).data
+    assert [c.step_number for c in listed] == [per_epoch * e for e in (5, 4, 3)]
+    names = [c.fine_tuned_model_checkpoint for c in listed]
+    assert names == [f"{job.fine_tuned_model}:ckpt-step-{c.step_number}" for c in listed]
+    files: dict[str, dict[str, bytes]] = {}
+    for ckpt, name in zip(listed, names):
+        model = client.models.retrieve(name)
+        assert (model.id, model.owned_by, model.created) == (name, job.organization_id, ckpt.created_at)
+        assert model.model_extra["gridline"]["step"] == ckpt.step_number
+        files[name] = {}
+        for file in ("adapter_model.safetensors", "adapter_config.json"):
+            r = _download(url, key, name, file)
+            assert r.status_code == 200
+            assert r.headers["x-gridline-sha256"] == hashlib.sha256(r.content).hexdigest()
+            files[name][file] = r.content
+    final = {f: _download(url, key, job.fine_tuned_model, f).content for f in files[names[0]]}
+    assert files[names[0]] == final  # the last epoch's checkpoint is the trained adapter
+    assert files[names[2]]["adapter_model.safetensors"] != final["adapter_model.safetensors"]
+    assert name not in [m.id for m in client.models.list()]
+
+    # Resolved for a batch: a checkpoint, its prefix holding exactly the downloaded files.
+    settings = training_api.settings
+    db = Database(settings.resolved_database_url())
+    try:
+        with db.session() as session:
+            resolved = resolve_model(session, _account_id(session, job.id), names[2])
+    finally:
+        db.dispose()
+    assert (resolved.kind, resolved.base_id, resolved.servable) == ("checkpoint", job.model, True)
+    store = open_object_store(settings.resolved_storage_url(), s3_endpoint_url=settings.s3_endpoint_url,
+                              s3_region=settings.s3_region)
+    assert {f: store.get_bytes(resolved.adapter_prefix + f) for f in files[names[2]]} == files[names[2]]
+
+    # The oldest kept checkpoint (epoch 3 of 5) loads with peft (its weights, exactly) and already answers
+    # most held-out rows (29 of 40 here, seed 0), where the base answers at most 10 %.
+    adapter_dir = Path(tempfile.mkdtemp())
+    for file, data in files[names[2]].items():
+        (adapter_dir / file).write_bytes(data)
+    base = get_base(job.model)
+    source, cache = parse_model_source("standin"), settings.model_cache_dir
+    tuned = PeftModel.from_pretrained(load_model(base, source, cache), adapter_dir).eval()
+    loaded = {k.replace(".default", ""): v for k, v in tuned.state_dict().items() if "lora_" in k}
+    weights = load_safetensors(files[names[2]]["adapter_model.safetensors"])
+    assert set(loaded) == set(weights) and all(bool((loaded[k] == v).all()) for k, v in weights.items())
+    tokenizer = load_tokenizer(base, source, cache)
+    _, held_out = ticket_splits()
+    right = sum(_answer(tuned, tokenizer, t) == label for t, label in held_out)
+    assert right >= 0.6 * len(held_out), right
+
+    # Not found: a rotated-out epoch, an unknown step, another account.
+    _, other_key = training_api.create_account()
+    other = training_api.client(other_key)
+    for who, who_key, name in [(client, key, f"{job.fine_tuned_model}:ckpt-step-{per_epoch}"),
+                               (client, key, f"{job.fine_tuned_model}:ckpt-step-{per_epoch * 5 + 1}"),
+                               (other, other_key, names[0])]:
+        with pytest.raises(openai.NotFoundError) as info:
+            who.models.retrieve(name)
+        assert (info.value.body["code"], info.value.body["param"]) == ("not_found", "model")
+        r = _download(url, who_key, name, "adapter_config.json")
+        assert (r.status_code, r.json()["error"]["param"]) == (404, "model")
+
+
+def _account_id(session, job_id: str) -> str:
+    from storage.models import Job
+
+    return session.get(Job, job_id).account_id
+
+
 def test_dpo_job_succeeds_with_eval_loss_from_ln2(trainer_account):
     client, _ = trainer_account
     rows = [preference_row(f"question {i}?", f"good answer {i}", f"bad reply {i}") for i in range(40)]

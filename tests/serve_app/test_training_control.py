@@ -20,6 +20,7 @@ import time
 import pytest
 from sqlalchemy import select
 
+from jobs.model_names import CHECKPOINTS_KEPT
 from openft.demo_data import ticket_splits, tickets_jsonl
 from openft.settings import Settings
 from storage.accounts import create_account, limits_row
@@ -131,8 +132,8 @@ def test_pause_checkpoints_and_stops_then_resume_trains_on_to_an_adapter(trainin
     assert (newest.object, newest.fine_tuning_job_id, newest.step_number, newest.metrics.step) == (
         "fine_tuning.job.checkpoint", job.id, step, step)
     assert newest.fine_tuned_model_checkpoint == f"{expected_model(client, job)}:ckpt-step-{step}"
-    # Epoch-end checkpoints before the pause, newest first; every one at a whole epoch.
-    assert [c.step_number for c in checkpoints[1:]] == [95 * e for e in range(step // 95, 0, -1)]
+    # Epoch-end checkpoints before the pause, newest first; every one at a whole epoch; the 3 newest are kept.
+    assert [c.step_number for c in checkpoints[1:]] == [95 * e for e in range(step // 95, 0, -1)][:CHECKPOINTS_KEPT - 1]
 
     assert client.fine_tuning.jobs.resume(job.id).status == "queued"
     done = wait(client, job.id)
@@ -141,7 +142,8 @@ def test_pause_checkpoints_and_stops_then_resume_trains_on_to_an_adapter(trainin
     resumed = next(e for e in said if e.message == f"Resumed from the checkpoint at step {step}.")
     assert (resumed.level, resumed.data["step"], resumed.data["checkpoint"]) == ("info", step, f"ckpt-step-{step}")
     listed = [c.step_number for c in client.fine_tuning.jobs.checkpoints.list(job.id, limit=100).data]
-    assert listed.count(step) == 1  # the resume event names its checkpoint but is not one
+    # The resume event names its checkpoint but is not one: each step once, the kept newest only.
+    assert listed == sorted({95 * e for e in range(1, 6)} | {step}, reverse=True)[:CHECKPOINTS_KEPT]
     result = done.model_extra["gridline"]["result"]
     assert (result["steps"], result["eval_rows"]) == (475, 5)  # the whole schedule, across both runs
     assert done.fine_tuned_model == expected_model(client, job)

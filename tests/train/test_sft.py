@@ -4,6 +4,7 @@ train, the adapter files are peft's, and a run is a pure function of its seed an
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 
 import pytest
@@ -47,6 +48,22 @@ def test_sft_learns_the_ticket_task(store, cache_root, base, tokenizer, ticket_r
     metrics = [r["data"] for r in reporter.records() if r["type"] == "metrics"]
     assert metrics[-1]["step"] == result["steps"] == metrics[-1]["total_steps"]
     assert set(metrics[0]) == {"step", "train_loss", "learning_rate", "tokens_per_second", "elapsed", "total_steps"}
+
+    # Every epoch checkpointed; the 3 newest adapters are kept in peft's files (each is a model), with
+    # their digests in meta.json, and the optimizer state of the newest only. The last one is the adapter.
+    kept = sorted({k.rsplit("/", 2)[1] for k in store.list(job.checkpoint_prefix)})
+    epoch_steps = result["steps"] // job.n_epochs
+    assert kept == [f"step-{epoch_steps * e:08d}" for e in (3, 4, 5)]
+    for folder in kept:
+        key = f"{job.checkpoint_prefix}{folder}/"
+        meta = json.loads(store.get_bytes(key + "meta.json"))
+        for name in ("adapter_model.safetensors", "adapter_config.json"):
+            data = store.get_bytes(key + name)
+            assert meta["files"][name] == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        assert store.exists(key + "state.pt") == (folder == kept[-1])
+    last = f"{job.checkpoint_prefix}{kept[-1]}/"
+    for name in ("adapter_model.safetensors", "adapter_config.json"):
+        assert store.get_bytes(last + name) == store.get_bytes(job.output_prefix + name)
 
     model, config = _load_adapter(store, job, base, cache_root)
     assert (config["base_model_name_or_path"], config["revision"]) == (base.id, base.revision)
@@ -120,7 +137,8 @@ def test_same_seed_same_adapter_bytes_and_pause_resume(store, cache_root, ticket
     second = train_sft(again, FileReporter(tmp_path / "again.jsonl"), train_rows, eval_rows)
     stopped = train_sft(paused, PauseAt(4), train_rows, eval_rows)
     assert stopped.status == "paused" and not store.exists(paused.output_prefix + "adapter_model.safetensors")
-    assert [k.rsplit("/", 1)[1] for k in store.list(paused.checkpoint_prefix)] == ["adapter.safetensors", "meta.json", "state.pt"]
+    assert [k.rsplit("/", 1)[1] for k in store.list(paused.checkpoint_prefix)] == [
+        "adapter_config.json", "adapter_model.safetensors", "meta.json", "state.pt"]
     resumed = train_sft(dataclasses.replace(paused, resume=True), PauseAt(0), train_rows, eval_rows)
 
     weights = [store.get_bytes(j.output_prefix + "adapter_model.safetensors") for j in (plain, again, paused)]
