@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 
 import orjson
-from sqlalchemy import update
+from sqlalchemy import select, update
 
 from batches import transitions
 from batches.scheduling import Claim
@@ -38,6 +38,7 @@ from openft.ids import file_id as new_file_id
 from openft.settings import Settings
 from pipelines.distill import iter_lines
 from storage import keys
+from storage.batches import ENDED_STATUSES
 from storage.db import Database
 from storage.files import add_file
 from storage.models import Batch, File
@@ -168,6 +169,17 @@ def _delete_stage(ctx: Context, batch_id: str) -> None:
     ctx.store.delete_prefix(keys.batch_stage(batch_id))
     with ctx.db.session() as session:
         session.execute(update(Batch).where(Batch.id == batch_id).values(stage_deleted_at=int(time.time())))
+
+
+def sweep_stages(ctx: Context, limit: int = 100) -> list[str]:
+    """Delete the stage of every ended batch whose driver did not (one lost twice ends in reconcile,
+    which holds no store). Each controller pass calls it."""
+    with ctx.db.session() as session:
+        ids = session.scalars(select(Batch.id).where(Batch.status.in_(ENDED_STATUSES),
+                                                     Batch.stage_deleted_at.is_(None)).limit(limit)).all()
+    for batch_id in ids:
+        _delete_stage(ctx, batch_id)
+    return list(ids)
 
 
 # -- running --------------------------------------------------------------------------------------

@@ -88,6 +88,7 @@ class JobController:
         for run in lost:
             remove_placement_group(run.placement_group)
         batch_scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
+        batch_run.sweep_stages(self.batch_ctx)  # the stages of batches that ended without their driver
         return [run.job_id for run in lost]
 
     def tick(self) -> list[str]:

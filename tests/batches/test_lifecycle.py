@@ -144,6 +144,9 @@ def test_the_lease_decides_who_drives_and_a_lost_driver_runs_it_again_once(world
     assert scheduling.reconcile(world.db, NOW + 20, alive=set(), mine="ctl-other.") == [batch_id]
     row = world.get(batch_id)
     assert row.status == "failed" and row.errors[0]["code"] == "batch_interrupted" and row.failed_at == NOW + 20
+    world.store.put_bytes(keys.batch_stage(batch_id) + "m1/adapter_config.json", b"{}")  # what the lost run staged
+    assert batch_run.sweep_stages(world.ctx) == [batch_id]
+    assert list(world.store.list(keys.batch_stage(batch_id))) == [] and batch_run.sweep_stages(world.ctx) == []
 
 
 def test_a_cancel_reaches_a_running_driver_through_its_heartbeat(world):
