@@ -119,12 +119,6 @@ class Settings(BaseSettings):
         1, description="Batches the controller runs at once. Their engine actors also count against the cluster's "
         "capacity that training runs use (jobs/scheduling.py), so neither oversubscribes the other.",
     )
-    batch_engine: str = Field("transformers", description="The batch engine: transformers (multi-LoRA, CPU or GPU) or vllm.")
-    batch_engine_resources: dict[str, float] = Field(
-        default_factory=lambda: {"CPU": 1}, description="Ray resources per batch engine actor."
-    )
-    batch_engine_actors: int = Field(1, description="Engine actors one batch runs on.")
-    batch_max_rows_in_flight: int = Field(16, description="Rows one engine actor generates at once.")
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
     merge_deadline_seconds: float = Field(900.0, description="A merge attempt running longer is stopped (merge_timeout).")
     # -- uploads (POST /v1/files) and per-account file limits --------------------------------------
