@@ -228,6 +228,20 @@ class Settings(BaseSettings):
         "`openft serve` exits within a few seconds more.",
     )
 
+    # -- batches (issue 13, h1): the batch engine --
+    batch_engine: str = Field(
+        "transformers", description="Batch engine: transformers (multi-LoRA on transformers + peft) | vllm (GPU nodes)."
+    )
+    batch_engine_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 1},
+        description='Ray resources of one batch engine actor, like training workers: {"GPU": 1} on GPU nodes.',
+    )
+    batch_engine_actors: int = Field(1, ge=1, description="Engine actors one batch runs on (each holds the base once).")
+    batch_max_rows_in_flight: int = Field(
+        16, ge=1, description="Rows one engine actor decodes together (and takes per call)."
+    )
+    # -- end batches (h1) --
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:

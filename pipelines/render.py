@@ -247,3 +247,17 @@ def _span(i: int, message: dict, start: int, end: int, text: str, base: BaseMode
             raise mismatch(i, f"does not close this message with {base.end_of_turn}")
         turn_end = end + len(closer)
     return MessageSpan(i, message["role"], start, end, turn_end)
+
+
+# -- batches (issue 13): the generation prompt, rendered by the same code the trainer uses --
+
+
+def render_generation_prompt(
+    messages: list[dict], tokenizer: PreTrainedTokenizerBase, base: BaseModelSpec, line_no: int, param: str = "body.messages"
+) -> str:
+    """The conversation with the template's generation prompt, exactly the text a trained
+    assistant turn continues (render_preference_row renders its prompts the same way). Refuses
+    with the upload codes (`template_token_in_content`, `invalid_file_format`) or `template_mismatch`."""
+    labels = _labels("messages", messages)
+    _raise(_row_problem(messages, labels, base, final_may_think=False), line_no, param)
+    return _render(messages, labels, tokenizer, base, line_no, param, add_generation_prompt=True).text

@@ -421,3 +421,24 @@ def db_job_with_checkpoints(db, account_id: str, steps: list[int], *, register: 
                 created_at=now, created_ns=time.time_ns(),
             ))  # fmt: skip
     return job_id, name
+
+
+# -- batches (issue 13, h1): tiny peft adapters for the batch engine --
+
+
+def random_adapter(base, cache_root, seed: int, rank: int = 8) -> dict[str, bytes]:
+    """A peft LoRA adapter for `base`'s stand-in with random (non-zero) A and B, so it changes the
+    base's answers; its files as train/lora.py `adapter_files` writes them."""
+    from pathlib import Path
+
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    from catalog.model_source import ModelSource, load_model
+    from train.lora import TARGET_MODULES, adapter_files
+
+    model = load_model(base, ModelSource("standin"), Path(cache_root))
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=TARGET_MODULES[base.family],
+                        init_lora_weights=False, task_type="CAUSAL_LM")  # fmt: skip
+    return adapter_files(get_peft_model(model, config), base)
