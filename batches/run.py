@@ -237,7 +237,9 @@ def run(ctx: Context, claim: Claim) -> None:
         _delete_stage(ctx, batch.id)
         if moved.status is None:
             raise LeaseLost()
-        return  # failed (insufficient_quota), or cancelled meanwhile: the next pass closes it
+        if moved.status == "cancelling":  # cancelled while it staged: close it without running
+            close(ctx, Claim(claim.batch_id, claim.owner, "cancelled"))
+        return  # else failed (insufficient_quota)
     refused = {**batch.plan["refused_models"], **newly_refused}
     plan = BatchPlan(
         batch_id=batch.id, account_id=batch.account_id, base_id=batch.plan["base_id"],

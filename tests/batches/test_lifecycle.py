@@ -264,3 +264,15 @@ def test_each_account_has_its_own_open_batch_limit(world):
     world.batch(second)  # the other account's batches do not count
     with world.db.session() as session:
         assert session.scalar(select(Job.id)) is None  # and no job was made along the way
+
+
+def test_a_cancel_between_claim_and_start_closes_the_batch_without_running(world):
+    account = world.account()
+    batch_id = world.batch(account, JOB_MODEL, JOB_MODEL)
+    [claim] = world.claim()
+    with world.db.session() as session:
+        transitions.cancel(session, transitions.lock_batch(session, batch_id), NOW)
+    batch_run.drive(world.ctx, claim)  # begin refuses (cancelling): the driver closes it instead
+    row = world.get(batch_id)
+    assert (row.status, row.in_progress_at, row.lease_owner) == ("cancelled", None, None)
+    assert {line["error"]["code"] for line in world.lines(row.error_file_id)} == {"batch_cancelled"}
