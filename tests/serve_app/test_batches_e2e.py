@@ -27,9 +27,13 @@ BASE = "qwen2.5-0.5b-instruct"
 BATCH_ENDED = ("completed", "failed", "expired", "cancelled")
 
 
-def shout(rows):
-    """The second fine-tune's task: the same tickets, the label in capitals."""
-    return [(ticket, label.upper()) for ticket, label in rows]
+ROTATE = {"delivery": "refund", "refund": "login", "login": "billing", "billing": "delivery"}
+
+
+def rotate(rows):
+    """The second fine-tune's task: the same tickets and label words, each ticket's label moved one on,
+    so the two fine-tunes answer every held-out row differently (and the base neither way)."""
+    return [(ticket, ROTATE[label]) for ticket, label in rows]
 
 
 def wait_batch(client, batch_id: str, statuses=BATCH_ENDED, timeout: float = 900):
@@ -61,10 +65,10 @@ def account(training_api, controller):
 
 @pytest.fixture(scope="module")
 def fine_tunes(account) -> dict[str, str]:
-    """{"plain": ft name, "shout": ft name}: two jobs on the ticket task, trained one after the other."""
+    """{"plain": ft name, "rotate": ft name}: two jobs on the ticket task, trained one after the other."""
     train, _ = ticket_splits()
     made = {}
-    for name, rows in (("plain", train), ("shout", shout(train))):
+    for name, rows in (("plain", train), ("rotate", rotate(train))):
         upload = account.files.create(file=(f"{name}.jsonl", io.BytesIO(tickets_jsonl(rows))), purpose="fine-tune")
         job = wait(account, account.fine_tuning.jobs.create(model=BASE, training_file=upload.id, method=SFT,
                                                             seed=0).id, timeout=900)
@@ -82,9 +86,9 @@ def run_batch_file(client, lines: list[dict], **meta):
 
 def test_a_batch_over_the_base_and_two_fine_tunes(account, fine_tunes):
     _, held_out = ticket_splits()
-    expected = {BASE: held_out, fine_tunes["plain"]: held_out, fine_tunes["shout"]: shout(held_out)}
+    expected = {BASE: held_out, fine_tunes["plain"]: held_out, fine_tunes["rotate"]: rotate(held_out)}
     lines = [request(f"{tag}-{i}", model, ticket)
-             for tag, model in (("base", BASE), ("plain", fine_tunes["plain"]), ("shout", fine_tunes["shout"]))
+             for tag, model in (("base", BASE), ("plain", fine_tunes["plain"]), ("rotate", fine_tunes["rotate"]))
              for i, (ticket, _) in enumerate(held_out)]
     lines += [request("unknown", "ft:qwen2.5-0.5b-instruct:nobody:000000000000", held_out[0][0]),
               request("field", BASE, held_out[0][0], logprobs=True),
@@ -114,9 +118,9 @@ def test_a_batch_over_the_base_and_two_fine_tunes(account, fine_tunes):
         assert completion.model == next(x["body"]["model"] for x in lines if x["custom_id"] == line["custom_id"])
     right = {tag: sum(answers[f"{tag}-{i}"].split()[:1] == [label] for i, (_, label) in enumerate(rows))
              for tag, rows in (("base", expected[BASE]), ("plain", expected[fine_tunes["plain"]]),
-                               ("shout", expected[fine_tunes["shout"]]))}
+                               ("rotate", expected[fine_tunes["rotate"]]))}
     assert right["plain"] >= 0.8 * len(held_out), right
-    assert right["shout"] >= 0.8 * len(held_out), right
+    assert right["rotate"] >= 0.8 * len(held_out), right
     assert right["base"] <= 0.1 * len(held_out), right
 
     again = run_batch_file(account, lines)
