@@ -68,9 +68,12 @@ def fine_tunes(account) -> dict[str, str]:
     """{"plain": ft name, "rotate": ft name}: two jobs on the ticket task, trained one after the other."""
     train, _ = ticket_splits()
     made = {}
-    for name, rows in (("plain", train), ("rotate", rotate(train))):
+    # The rotated labels go against what the words mean: 5 epochs reach about 78 % here, 8 well over 80 %.
+    for name, rows, epochs in (("plain", train, 5), ("rotate", rotate(train), 8)):
         upload = account.files.create(file=(f"{name}.jsonl", io.BytesIO(tickets_jsonl(rows))), purpose="fine-tune")
-        job = wait(account, account.fine_tuning.jobs.create(model=BASE, training_file=upload.id, method=SFT,
+        method = {"type": "supervised", "supervised": {**SFT["supervised"], "hyperparameters": {
+            **SFT["supervised"]["hyperparameters"], "n_epochs": epochs}}}
+        job = wait(account, account.fine_tuning.jobs.create(model=BASE, training_file=upload.id, method=method,
                                                             seed=0).id, timeout=900)
         assert job.status == "succeeded", job.error
         made[name] = job.fine_tuned_model
@@ -147,7 +150,7 @@ def _kept_what_finished(client, batch, lines, code: str) -> None:
 
 
 def test_cancel_mid_run_stops_within_seconds_and_keeps_what_finished(account):
-    lines = _long_lines(120, BASE)
+    lines = _long_lines(1000, BASE)  # about 40 s of generation here: the cancel lands mid-run
     upload = account.files.create(file=("long.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = account.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 600
@@ -174,11 +177,11 @@ def test_expiry_mid_run_keeps_what_finished(account, apis, training_api):
                  storage_url=training_api.settings.resolved_storage_url())
     _, key = short.create_account()
     client = short.client(key)
-    lines = _long_lines(200, BASE)
+    lines = _long_lines(1500, BASE)  # about a minute of generation here, past the 20 s window
     upload = client.files.create(file=("long.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert batch.expires_at == batch.created_at + 20
     done = wait_batch(client, batch.id, timeout=300)
     assert done.status == "expired" and done.expired_at >= done.expires_at
-    assert done.request_counts.failed > 0
+    assert 0 < done.request_counts.completed < len(lines) and done.in_progress_at < done.expires_at
     _kept_what_finished(client, done, lines, "batch_expired")
