@@ -15,6 +15,14 @@ a pass that races an API request or another controller changes nothing it should
   while the runs holding a lease stay under both `max_concurrent_runs` and what the cluster fits.
   Counting leases in the database (not Ray's free resources, which change only once a trainer has
   started) makes the cap hold within one pass and across passes and controllers.
+
+Batches share the cluster with runs (issue 13): a batch's engine actors (`batch_need`) and a run's
+Train workers (`run_need`) are counted from their leases against one total, after the CPUs kept
+for Ray Data. `start_runs` takes `fit` as a function of its locked session, so the runs it starts
+fit beside the batches leased at that moment; batches/scheduling.py `claim_batches` starts
+batches only into what the leased runs and batches leave (`free_for`). So a batch never takes a
+running job's workers and a job never oversubscribes the cluster with a batch. A pass starts runs
+before it claims batches: a queued job goes first.
 """
 
 from __future__ import annotations
@@ -56,6 +64,37 @@ def runs_that_fit(total: dict[str, float], need: dict[str, float], reserve: dict
         return math.inf
     fits = [math.floor((total.get(k, 0.0) - reserve.get(k, 0.0)) / v + 1e-9) for k, v in need.items()]
     return max(0, min(fits))
+
+
+# -- batches (issue 13) --
+def batch_need(settings: Settings) -> dict[str, float]:
+    """Ray resources one batch takes: every engine actor's."""
+    need = {k: float(v) * settings.batch_engine_actors for k, v in settings.batch_engine_resources.items()}
+    return {k: v for k, v in need.items() if v > 0}
+
+
+def held(session, settings: Settings, *, runs: bool = True, batches: bool = True) -> dict[str, float]:
+    """What the leased runs and batches hold on the cluster, by resource (from the database)."""
+    from storage.batches import count_leased
+
+    out: dict[str, float] = {}
+    counts = []
+    if runs:
+        counts.append((run_need(settings), session.scalar(select(func.count()).select_from(Job).where(
+            transitions.RUN_LEASE))))
+    if batches:
+        counts.append((batch_need(settings), count_leased(session)))
+    for need, n in counts:
+        for k, v in need.items():
+            out[k] = out.get(k, 0.0) + v * n
+    return out
+
+
+def free_for(total: dict[str, float], reserve: dict[str, float], taken: dict[str, float],
+             need: dict[str, float]) -> int:
+    """How many more of `need` fit in `total` after `reserve` and what is `taken`."""
+    left = {k: total.get(k, 0.0) - taken.get(k, 0.0) for k in set(total) | set(taken)}
+    return runs_that_fit(left, need, reserve)
 
 
 def _lost(job: Job, now: int, alive: set[str], mine: str) -> bool:
@@ -122,11 +161,13 @@ def claim_distills(db: Database, now: int, *, settings: Settings, new_owner: Cal
     return claimed
 
 
-def start_runs(db: Database, now: int, *, settings: Settings, fit: float, new_owner: Callable[[], str]) -> list[Started]:
+def start_runs(db: Database, now: int, *, settings: Settings, fit: float | Callable, new_owner: Callable[[], str]) -> list[Started]:
     """Start what the cap and `fit` (runs the cluster holds) allow; returns the runs started."""
     started: list[Started] = []
     with db.session() as session:
         transitions.lock_scheduler(session)
+        if callable(fit):  # what fits beside the batches leased now (issue 13)
+            fit = fit(session)
         leased = session.scalars(select(Job.account_id).where(transitions.RUN_LEASE)).all()
         room = min(settings.max_concurrent_runs, fit) - len(leased)
         busy = set(leased)

@@ -27,3 +27,12 @@ def checkpoint_id() -> str:
 
 def org_id() -> str:
     return new_id("org-", 12)
+
+
+# -- batches (issue 13) --
+def batch_id() -> str:
+    return new_id("batch_", 24)
+
+
+def batch_request_id() -> str:
+    return new_id("batch_req_", 24)

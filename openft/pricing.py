@@ -22,6 +22,9 @@ class BaseRate(BaseModel):
     """USD per million trained tokens (tokens x epochs) for LoRA and QLoRA."""
     dpo_usd_per_mtok: float = Field(gt=0)
     """USD per million DPO training tokens: the prompt and both answers, every epoch."""
+    batch_usd_per_mtok: float | None = Field(None, gt=0)
+    """USD per million tokens a batch on this base or its ft: models processes (prompt and completion);
+    None: a quarter of the supervised rate (a token generated costs less GPU time than one trained)."""
 
 
 def _rate(supervised: float) -> BaseRate:
@@ -55,6 +58,10 @@ class PriceTable(BaseModel):
         if missing:
             raise ValueError(f"the price table has no rate for: {', '.join(missing)}")
         return self
+
+    def batch_usd_per_mtok(self, model: str) -> float:
+        rate = self.rates[model]
+        return rate.batch_usd_per_mtok if rate.batch_usd_per_mtok is not None else round(rate.supervised_usd_per_mtok / 4, 4)
 
     def trained_usd_per_mtok(self, model: str, method_type: str) -> float:
         rate = self.rates[model]

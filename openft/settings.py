@@ -106,6 +106,19 @@ class Settings(BaseSettings):
         description="Jobs created on a batch results file that the controller distills at once (each a Ray Data "
         "job reading the results and requests files); the others wait in validating_files.",
     )
+    # -- batches (issue 13) --
+    new_account_open_batches: int = Field(
+        2, description="Open batches (validating, in_progress, finalizing, cancelling) one account may have; another "
+        "create answers 429 limit_exceeded with the limit in error.limit.",
+    )
+    batch_completion_window_seconds: float = Field(
+        86400.0, description="What completion_window 24h means: a batch not done this long after create expires "
+        "(its finished lines are kept). Tests shorten it.",
+    )
+    max_concurrent_batches: int = Field(
+        1, description="Batches the controller runs at once. Their engine actors also count against the cluster's "
+        "capacity that training runs use (jobs/scheduling.py), so neither oversubscribes the other.",
+    )
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")
     merge_deadline_seconds: float = Field(900.0, description="A merge attempt running longer is stopped (merge_timeout).")
     # -- uploads (POST /v1/files) and per-account file limits --------------------------------------

@@ -20,9 +20,11 @@ class AppState:
 
     def file_in_use(self, session, file_id: str) -> bool:
         """Whether a running fine-tuning job reads this file (it then cannot be deleted or expire)."""
+        from storage.batches import file_in_open_batch
         from storage.jobs import file_in_running_job
 
-        return file_in_running_job(session, file_id)
+        # An open batch reads its input file too (issue 13).
+        return file_in_running_job(session, file_id) or file_in_open_batch(session, file_id)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> "AppState":

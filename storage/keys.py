@@ -12,6 +12,9 @@ multi-tenant prefix) is one edit. Prefixes end in `/`; keys do not.
     runs/<job id>/adapter/                        its trained adapter
     runs/<job id>/workers/<run name>              a run's Train worker has started (restart detection)
     merges/<account>/<merge id>/                  a merged-weights export
+    files/<account>/batch-<id>-output.jsonl       a batch's output file (and -errors.jsonl)
+    batches/<batch id>/adapters/                  the adapter copies a batch staged (deleted when it ends)
+    batches/<batch id>/shards/                    a batch's scratch shards
 """
 
 from __future__ import annotations
@@ -71,3 +74,25 @@ CHECKPOINT_META = "meta.json"  # written last into a checkpoint's folder: withou
 def checkpoint(job_id: str, step: int) -> str:
     """A checkpoint's prefix: its peft-format adapter files, meta.json and (newest only) state.pt."""
     return f"{checkpoints(job_id)}{checkpoint_dir(step)}"
+
+
+# -- batches (issue 13) --
+def batch(batch_id: str) -> str:
+    return f"batches/{batch_id}/"
+
+
+def batch_stage(batch_id: str) -> str:
+    """The copies of a batch's adapters: a model deleted while the batch runs keeps this copy until it ends."""
+    return f"{batch(batch_id)}adapters/"
+
+
+def batch_shards(batch_id: str) -> str:
+    return f"{batch(batch_id)}shards/"
+
+
+def batch_output(account_id: str, batch_id: str) -> str:
+    return f"files/{account_id}/batch-{batch_id}-output.jsonl"
+
+
+def batch_errors(account_id: str, batch_id: str) -> str:
+    return f"files/{account_id}/batch-{batch_id}-errors.jsonl"

@@ -258,3 +258,55 @@ class UploadSlot(Base):
     holder: Mapped[str] = mapped_column(String(32), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     expires_at: Mapped[float] = mapped_column(Float)
+
+
+# -- batches (issue 13) --
+class Batch(Base):
+    """One batch of chat completions (OpenAI's Batch API) over a base and its ft: models.
+
+    Its status changes only in batches/transitions.py. `plan` is what the create-time scan found
+    (batches/scan.py): the base, the runnable models, the refused ones and the line count; the
+    controller runs the batch from it."""
+
+    __tablename__ = "batches"
+    __table_args__ = (
+        Index("ix_batches_account_created", "account_id", "created_ns", "id"),
+        Index("ix_batches_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    # validating | failed | in_progress | finalizing | completed | expired | cancelling | cancelled
+    status: Mapped[str] = mapped_column(String(16))
+    endpoint: Mapped[str] = mapped_column(String(64))
+    completion_window: Mapped[str] = mapped_column(String(8))
+    input_file_id: Mapped[str] = mapped_column(String(40), index=True)
+    model: Mapped[str] = mapped_column(String(64))  # the base every line runs on
+    batch_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    expires_at: Mapped[int] = mapped_column(BigInteger)
+    in_progress_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    finalizing_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    completed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    failed_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expired_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelling_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    cancelled_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    output_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)
+    error_file_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    # OpenAI's `errors.data`: [{code, message, param, line}] (a failed batch's reasons).
+    errors: Mapped[list[Any] | None] = mapped_column(JSON, nullable=True)
+    request_counts: Mapped[dict[str, Any]] = mapped_column(JSON)
+    usage: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # Billing on: the quote held at start (batches/billing.py) and what the batch was charged.
+    quote: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    charge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # The controller driving the batch (like Job's run lease): set at claim, renewed, cleared at the end.
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # When the staged adapter copies (storage/keys.py batch_stage) were deleted after the end.
+    stage_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    updated_at: Mapped[int] = mapped_column(BigInteger)

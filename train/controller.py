@@ -21,6 +21,10 @@ of its own under a distill lease (jobs/distilling.py): the thread renews the lea
 serve_app/services/distill.py `distill_job` distills, checks and admits the job. That function
 lives with job create because it finishes create's checks; the controller only schedules it.
 
+Batches (issue 13) are driven here too: each pass claims batches after it started runs
+(batches/scheduling.py, under the capacity rule runs and batches share: jobs/scheduling.py) and
+drives each on a thread of its own (batches/run.py `drive`), which holds the batch's lease.
+
 The actor restarts itself after a crash (`max_restarts=-1`) and starts its loop in `__init__`, so
 a restarted actor schedules again at once; `openft serve` re-creates it if it is gone.
 """
@@ -34,6 +38,8 @@ import uuid
 
 from sqlalchemy import select
 
+from batches import run as batch_run
+from batches import scheduling as batch_scheduling
 from catalog.bases import get_base
 from jobs import distilling, scheduling, transitions
 from jobs.spec import JobSpec
@@ -69,6 +75,8 @@ class JobController:
         self.id = f"ctl-{uuid.uuid4().hex[:12]}"
         self.runs: dict[str, tuple[str, threading.Thread]] = {}  # job id -> (lease token, thread)
         self.distills: dict[str, tuple[str, threading.Thread]] = {}  # the same, for distill leases
+        self.batches: dict[str, tuple[str, threading.Thread]] = {}  # the same, for batch leases
+        self.batch_ctx = batch_run.Context(settings, self.db, self.store)
         self._stop = threading.Event()
         self.reconcile()
         if loop:
@@ -82,6 +90,8 @@ class JobController:
         lost = scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
         for run in lost:
             remove_placement_group(run.placement_group)
+        batch_scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
+        batch_run.sweep_stages(self.batch_ctx)  # the stages of batches that ended without their driver
         return [run.job_id for run in lost]
 
     def tick(self) -> list[str]:
@@ -94,11 +104,17 @@ class JobController:
             thread = threading.Thread(target=self._distill, args=(claim,), name=f"distill-{claim.job_id}", daemon=True)
             self.distills[claim.job_id] = (claim.owner, thread)
             thread.start()
-        started = scheduling.start_runs(self.db, now, settings=self.settings, fit=self._fit(),
+        started = scheduling.start_runs(self.db, now, settings=self.settings, fit=self._run_fit,
                                         new_owner=lambda: f"{self.id}.{uuid.uuid4().hex[:12]}")
         for run in started:
             thread = threading.Thread(target=self._drive, args=(run,), name=f"run-{run.job_id}", daemon=True)
             self.runs[run.job_id] = (run.owner, thread)
+            thread.start()
+        for claim in batch_scheduling.claim_batches(self.db, now, settings=self.settings, fit=self._batch_fit,
+                                                    new_owner=lambda: f"{self.id}.b{uuid.uuid4().hex[:12]}"):
+            thread = threading.Thread(target=batch_run.drive, args=(self.batch_ctx, claim), name=f"batch-{claim.batch_id}",
+                                      daemon=True)
+            self.batches[claim.batch_id] = (claim.owner, thread)
             thread.start()
         run_pending_merges(self.settings, self.db, self.store, now=now, background=True)
         return [run.job_id for run in started]
@@ -113,6 +129,11 @@ class JobController:
 
     def stop(self) -> None:
         self._stop.set()
+        self.batch_ctx.stopping.set()
+
+    def active_batches(self) -> list[str]:
+        self._reap_threads()
+        return sorted(self.batches)
 
     def active_runs(self) -> list[str]:
         self._reap_threads()
@@ -123,11 +144,11 @@ class JobController:
 
     # -- helpers --------------------------------------------------------------------------
     def _alive(self) -> set[str]:
-        threads = [*self.runs.values(), *self.distills.values()]
+        threads = [*self.runs.values(), *self.distills.values(), *self.batches.values()]
         return {owner for owner, thread in threads if thread.is_alive()}
 
     def _reap_threads(self) -> None:
-        for threads in (self.runs, self.distills):
+        for threads in (self.runs, self.distills, self.batches):
             for job_id, (_, thread) in list(threads.items()):
                 if not thread.is_alive():
                     threads.pop(job_id, None)
@@ -137,8 +158,26 @@ class JobController:
         import ray
 
         need = scheduling.run_need(self.settings)
-        reserve = {"CPU": self.settings.train_data_cpus} if "CPU" in need else {}
-        return scheduling.runs_that_fit(ray.cluster_resources(), need, reserve)
+        return scheduling.runs_that_fit(ray.cluster_resources(), need, self._reserve(need))
+
+    def _reserve(self, need: dict) -> dict:
+        return {"CPU": self.settings.train_data_cpus} if "CPU" in need else {}
+
+    def _run_fit(self, session) -> float:
+        """Runs the cluster holds beside the batches leased now (the scheduler's lock is held)."""
+        import ray
+
+        need = scheduling.run_need(self.settings)
+        taken = scheduling.held(session, self.settings, runs=False)
+        return scheduling.free_for(ray.cluster_resources(), self._reserve(need), taken, need)
+
+    def _batch_fit(self, session) -> float:
+        """More batches the cluster holds beside the leased runs and batches."""
+        import ray
+
+        need = scheduling.batch_need(self.settings)
+        return scheduling.free_for(ray.cluster_resources(), self._reserve(need), scheduling.held(session, self.settings),
+                                   need)
 
     def _write(self, work, what: str):
         return self.db.retrying(work, budget_s=self.settings.db_outage_seconds, what=what)

@@ -25,8 +25,9 @@ from serve_app.services.files_upload import NewFile, finish_validation, record_f
 from serve_app.services.job_files import check_files, job_files
 from serve_app.services.job_params import file_not_found
 from serve_app.state import AppState
-from storage import keys
+from storage import batches as batches_repo
 from storage import files as files_repo
+from storage import keys
 from storage.models import Account, File, Job
 
 OPTION_KEYS = ("require_json", "keep_truncated", "eval_fraction", "seed")
@@ -56,13 +57,36 @@ def parse_options(body: dict) -> DistillOptions:
 def distill(state: AppState, account: Account, body: dict) -> dict:
     options = parse_options(body)
     results = _source(state, account, body.get("results_file"), "results_file", "batch_output")
-    requests = _source(state, account, body.get("requests_file"), "requests_file", "batch")
-    made, counts = _make(state, account, results, requests, options)
+    batch_input = _batch_input(state, account, results)
+    if batch_input is not None and body.get("requests_file") in (None, batch_input.id):
+        requests, pick = batch_input, {"rule": "batch_input_file", "batch": _batch_of(state, account, results)}
+    elif batch_input is not None:
+        raise InvalidRequest(
+            "results_file is a batch's output file, whose requests are that batch's input_file_id; omit requests_file "
+            "or pass that file.", code="invalid_value", param="requests_file")
+    else:
+        requests, pick = _source(state, account, body.get("requests_file"), "requests_file", "batch"), {"rule": "given"}
+    made, counts = _make(state, account, results, requests, options, pick=pick)
     return {"object": "gridline.distillation", **made, "counts": counts}
 
 
+def _batch_of(state: AppState, account: Account, results: File) -> str | None:
+    with state.db.session() as session:
+        batch = batches_repo.batch_for_output(session, account.id, results.id)
+        return batch.id if batch is not None else None
+
+
+def _batch_input(state: AppState, account: Account, results: File) -> File | None:
+    """The input file of the caller's batch whose output file `results` is (None: an uploaded results file)."""
+    with state.db.session() as session:
+        batch = batches_repo.batch_for_output(session, account.id, results.id)
+        if batch is None:
+            return None
+        return files_repo.get_file(session, account.id, batch.input_file_id)
+
+
 def _make(state: AppState, account: Account, results: File, requests: File, options: DistillOptions,
-          keep=lambda: True) -> tuple[dict[str, FileObject | None], dict] | None:
+          keep=lambda: True, pick: dict | None = None) -> tuple[dict[str, FileObject | None], dict] | None:
     """Distill and record the training and validation files (both, or none: a refusal leaves
     nothing). `keep()` is asked once the rows are made: False discards them and returns None."""
     count, used = file_limits.usage(state, account.id)
@@ -81,6 +105,7 @@ def _make(state: AppState, account: Account, results: File, requests: File, opti
         derived = {
             "results_file": results.id, "requests_file": requests.id,
             "options": {k: getattr(options, k) for k in OPTION_KEYS},
+            "requests_pick": pick or {"rule": "given"},  # how requests_file was chosen
         }
         made: dict[str, FileObject | None] = {}
         new: dict[str, NewFile] = {}
@@ -129,12 +154,16 @@ def _custom_ids(state: AppState, key: str, limit: int) -> set[str]:
     return ids
 
 
-def requests_file_for(state: AppState, account: Account, results: File) -> File | None:
-    """The caller's batch (requests) file holding most of the first results' custom_ids (newest on a tie).
+def requests_file_for(state: AppState, account: Account, results: File) -> tuple[File | None, dict]:
+    """(the requests file, how it was picked) for the distill shortcut.
 
-    There is no Batch API here linking an output file to its input, so the shortcut looks for it
-    among the account's `batch` files; results without a request are allowed (dropped as no_request),
+    A batch's output file names its requests: that batch's own input file (no guessing). For an
+    uploaded results file, the caller's batch (requests) file holding most of the first results'
+    custom_ids (newest on a tie); results without a request are allowed (dropped as no_request),
     so a majority of the sample must match."""
+    batch_input = _batch_input(state, account, results)
+    if batch_input is not None:
+        return batch_input, {"rule": "batch_input_file", "batch": _batch_of(state, account, results)}
     sample = _custom_ids(state, results.object_key, 50)
     with state.db.session() as session:
         candidates, _ = files_repo.list_files(session, account.id, purpose="batch", limit=50, after=None, order="desc")
@@ -143,7 +172,9 @@ def requests_file_for(state: AppState, account: Account, results: File) -> File 
         overlap = len(sample & _custom_ids(state, candidate.object_key, 10**9))
         if overlap > best_overlap:
             best, best_overlap = candidate, overlap
-    return best
+    pick = {"rule": "custom_id_overlap", "sampled": len(sample), "matched": best_overlap if best else 0,
+            "candidates": len(candidates)}
+    return best, pick
 
 
 def distill_job(state: AppState, job_id: str, owner: str) -> None:
@@ -178,20 +209,22 @@ def _distill_for_job(state: AppState, account: Account, job_id: str, owner: str,
         results = files_repo.get_file(session, account.id, results_id)
     if results is None:
         raise file_not_found("training_file")
-    requests = requests_file_for(state, account, results)
+    requests, pick = requests_file_for(state, account, results)
     if requests is None:
         raise InvalidRequest(
             "training_file is a batch results file, but none of your batch files holds its requests. Upload the "
             "batch's input file with purpose=batch and create the job again, or call POST /v1/files/distill.",
             code="invalid_file_format", param="training_file",
         )
-    done = _make(state, account, results, requests, DistillOptions(), keep=lambda: _still_mine(state, job_id, owner))
+    done = _make(state, account, results, requests, DistillOptions(), keep=lambda: _still_mine(state, job_id, owner),
+                 pick=pick)
     if done is None:
         return  # cancelled while it distilled: the rows are discarded
     made, counts = done
     derived = {
         "results_file": results.id, "requests_file": requests.id, "training_file": made["training_file"].id,
         "validation_file": made["validation_file"].id if made["validation_file"] else None, "counts": counts,
+        "requests_pick": pick,
     }
     spec = replace(spec, training_file=derived["training_file"],
                    validation_file=spec.validation_file or derived["validation_file"]).with_derived(derived)

@@ -25,7 +25,7 @@ from serve_app.request_body import BODY_LIMITS, DEFAULT_BODY_LIMIT, limit_of
 from serve_app.services.blob_tokens import Blob, seal
 from serve_app.state import AppState
 from tests.conftest import ADMIN_KEY
-from tests.factories import chat_row, db_create_job, db_export, db_ft_model, jsonl
+from tests.factories import batch_request_line, chat_row, db_create_job, db_export, db_ft_model, jsonl
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 WRONG_KEY = "sk-openft-not-a-key"
@@ -46,6 +46,7 @@ class Owned:
     job_id: str
     model: str
     export_prefix: str
+    batch_id: str  # -- batches (issue 13) --
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
 
     def url(self, path: str) -> str:
@@ -57,7 +58,8 @@ class Owned:
 
     def fill(self, path: str) -> str:
         values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model,
-                  "account": self.account_id, "name": "adapter_config.json", "path": "config.json"}  # fmt: skip
+                  "account": self.account_id, "name": "adapter_config.json", "path": "config.json",
+                  "batch_id": self.batch_id}  # fmt: skip
         return PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -69,7 +71,12 @@ def _owned(api) -> Owned:
     job_id = db_create_job(state.db, account_id, uploaded.id)
     model = db_ft_model(state.db, state.store, account_id)
     prefix = db_export(state.db, state.store, account_id, model, EXPORT)
-    return Owned(api.base_url.removesuffix("/v1"), state, account_id, key, other_key, uploaded.id, job_id, model, prefix)
+    requests = api.client(key).files.create(file=("b.jsonl", jsonl([batch_request_line("r", model=model)])),
+                                            purpose="batch")
+    batch = api.client(key).batches.create(input_file_id=requests.id, endpoint="/v1/chat/completions",
+                                           completion_window="24h")
+    return Owned(api.base_url.removesuffix("/v1"), state, account_id, key, other_key, uploaded.id, job_id, model, prefix,
+                 batch.id)
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +122,15 @@ def state_of(owned: Owned) -> tuple:
         [f["id"] for f in a("/v1/files")["data"]], [(j["id"], j["status"]) for j in a("/v1/fine_tuning/jobs")["data"]],
         a(f"/v1/models/{owned.model}")["id"], a(f"/v1/gridline/adapters/{owned.model}/merged")["status"],
         b("/v1/files"), b("/v1/fine_tuning/jobs"), [m["id"] for m in b("/v1/models") if m["id"].startswith("ft:")],
+        a(f"/v1/batches/{owned.batch_id}")["status"], b("/v1/batches"),
     )
 
 
 # -- every route: 401 without a key or with a wrong one, 404 for another account's object ----------
 def test_every_route_needs_a_key_and_hides_other_accounts_objects(owned):
     before = state_of(owned)
-    assert before[0] == [owned.file_id] and before[3] == "succeeded" and before[4:] == ([], [], [])
+    assert owned.file_id in before[0] and len(before[0]) == 2  # the upload and the batch's input file
+    assert before[3] == "succeeded" and before[4:] == ([], [], [], "validating", [])
     checks, seen = [], set()
     for method, path, name in routes(owned.state):
         seen.add(name)
