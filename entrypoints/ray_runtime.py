@@ -68,7 +68,6 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
         dashboard_host=host,
         _temp_dir=str(temp_dir),
         log_to_driver=False,
-        _system_config={"preload_python_modules": settings.ray_preload_modules} if settings.ray_preload_modules else None,
     )
 
 

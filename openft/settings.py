@@ -247,14 +247,6 @@ class Settings(BaseSettings):
         900.0, gt=0, description="A parity check running longer is stopped; the model is registered not servable."
     )
 
-    # -- a local Ray's worker processes (entrypoints/ray_runtime.py start_ray) --
-    ray_preload_modules: list[str] = Field(
-        default_factory=lambda: ["torch", "transformers", "peft"],
-        description="Modules every worker process of a local Ray imports while it waits for work, so that a "
-        "training run, a Ray Data task or a merge does not spend its first seconds importing them (torch, "
-        "transformers and peft take 5-20 s a process on a busy laptop). Applies only to a cluster openft starts; "
-        "a cluster joined through RAY_ADDRESS is configured by its operator. [] turns it off.",
-    )
 
     # -- batches (issue 13, h1): the batch engine --
     batch_engine: str = Field(
