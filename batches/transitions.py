@@ -31,7 +31,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from batches import billing
-from jobs.transitions import lock_account
+from jobs.transitions import lock_owned
 from storage.batches import ENDED_STATUSES
 from storage.models import Batch
 
@@ -52,15 +52,7 @@ def batch_error(code: str, message: str, param: str | None = None, line: int | N
 
 def lock_batch(session: Session, batch_id: str, account_id: str | None = None) -> Batch | None:
     """The batch's row under the account's lock, then its own (the read a compare-and-set decides on)."""
-    query = select(Batch.account_id).where(Batch.id == batch_id)
-    if account_id is not None:
-        query = query.where(Batch.account_id == account_id)
-    owner = session.scalar(query)
-    if owner is None:
-        return None
-    lock_account(session, owner)
-    return session.scalar(
-        select(Batch).where(Batch.id == batch_id).with_for_update().execution_options(populate_existing=True))
+    return lock_owned(session, Batch, batch_id, account_id)
 
 
 def add_new(session: Session, batch: Batch, now: int, window_s: float) -> None:

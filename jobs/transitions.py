@@ -89,19 +89,24 @@ def lock_account(session: Session, account_id: str) -> None:
         session.execute(select(Account.id).where(Account.id == account_id).with_for_update())
 
 
-def lock_job(session: Session, job_id: str, account_id: str | None = None) -> Job | None:
-    """The job's row under the account's lock, then its own: the read a compare-and-set decides on.
-    `account_id` scopes the lookup to one account (the API); None finds any account's job (a run)."""
-    query = select(Job.account_id).where(Job.id == job_id)
+def lock_owned(session: Session, model, row_id: str, account_id: str | None = None):
+    """A row of `model` (a job, a batch) under its account's lock, then its own: the read a
+    compare-and-set decides on. `account_id` scopes the lookup to one account (the API); None finds
+    any account's row (a run, a batch driver)."""
+    query = select(model.account_id).where(model.id == row_id)
     if account_id is not None:
-        query = query.where(Job.account_id == account_id)
+        query = query.where(model.account_id == account_id)
     owner = session.scalar(query)
     if owner is None:
         return None
     lock_account(session, owner)
     # populate_existing: a copy of the row read before the lock is refreshed, not trusted.
     return session.scalar(
-        select(Job).where(Job.id == job_id).with_for_update().execution_options(populate_existing=True))
+        select(model).where(model.id == row_id).with_for_update().execution_options(populate_existing=True))
+
+
+def lock_job(session: Session, job_id: str, account_id: str | None = None) -> Job | None:
+    return lock_owned(session, Job, job_id, account_id)
 
 
 # -- the account's slot -----------------------------------------------------------------------------

@@ -232,3 +232,19 @@ def redeploy(api: Api, port: int) -> Api:
 
     serve.delete(api.name)
     return _deploy(api.name, api.settings, port)
+
+
+# Tests run on both databases whose PostgreSQL run (where locks and restarts really matter) stays
+# in make test; their SQLite run goes to make test-heavy, for make test's 12-minute budget.
+HEAVY_VARIANTS = {
+    "tests/serve_app/test_jobs_api.py::test_jobs_survive_a_restart[sqlite]",
+    "tests/serve_app/test_files_api.py::test_files_survive_a_restart[sqlite]",
+    "tests/jobs/test_controller.py::test_one_pass_starts_one_run_for_two_accounts_under_the_default_cap[sqlite]",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid in HEAVY_VARIANTS:
+            item.add_marker(pytest.mark.heavy)

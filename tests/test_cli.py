@@ -6,6 +6,8 @@ controller call retried on a dying node, "Controller failed to shut down within 
 
 from __future__ import annotations
 
+import pytest
+
 import os
 import signal
 import subprocess
@@ -45,6 +47,7 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
 
 
+@pytest.mark.heavy  # make test-heavy: beyond make test's budget
 def test_accounts_create_then_serve_until_sigterm():
     data_dir = Path(tempfile.mkdtemp(prefix="oftcli-"))
     created = subprocess.run(

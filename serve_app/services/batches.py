@@ -15,6 +15,7 @@ from batches import limits, transitions
 from batches.billing import quote as batch_quote
 from batches.scan import scan
 from jobs.model_names import resolve_model
+from jobs.transitions import lock_account
 from openft.errors import Conflict, InvalidRequest, NotFound, unknown_parameter
 from openft.ids import batch_id as new_batch_id
 from pipelines.distill import iter_lines
@@ -112,7 +113,7 @@ def create_batch(state: AppState, account: Account, body: dict) -> Batch:
                      lambda name: resolve_model(session, account.id, name), endpoint=endpoint)
     now = state.now()
     with state.db.session() as session:
-        transitions.lock_account(session, account.id)
+        lock_account(session, account.id)
         limits.check_open_batches(session, account.id, state.settings)
         if files_repo.get_file(session, account.id, file_id) is None:  # deleted while the scan ran
             raise _invalid("input_file_id does not name a file of yours.", "input_file_id", "file_not_found")

@@ -127,6 +127,7 @@ def test_batch_over_base_and_two_adapters(ray_cluster, settings, store, adapters
     assert again.output_bytes == outcome.output_bytes == len(store.get_bytes(plan.output_key))
 
 
+@pytest.mark.heavy  # make test-heavy: beyond make test's budget
 def test_cancel_mid_run_keeps_finished_lines(ray_cluster, settings, store, adapters):
     lines = [batch_request_line(f"c-{i}", [message("user", TICKETS[i % 4] + " more" * i)], model=[BASE_ID, FT_A, FT_B][i % 3],
                                 temperature=0, max_tokens=48) for i in range(60)]  # fmt: skip

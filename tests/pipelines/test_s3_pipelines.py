@@ -34,6 +34,7 @@ def _rows(dataset) -> list[dict]:
     return sorted(rows, key=lambda r: r["line"])
 
 
+@pytest.mark.heavy  # make test-heavy: beyond make test's budget
 def test_validation_tokenization_and_distillation_run_on_s3(s3_store, tmp_path):
     data = tickets_jsonl(ticket_splits()[0])
     s3_store.put_bytes("files/a/train", data)

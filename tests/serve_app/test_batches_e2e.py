@@ -122,6 +122,7 @@ def test_a_batch_over_the_base_and_two_fine_tunes(account, fine_tunes):
     right = {tag: sum(answers[f"{tag}-{i}"].split()[:1] == [label] for i, (_, label) in enumerate(rows))
              for tag, rows in (("base", expected[BASE]), ("plain", expected[fine_tunes["plain"]]),
                                ("rotate", expected[fine_tunes["rotate"]]))}
+    print(f"held-out rows answered right, of {len(held_out)}: {right}")  # the closing note's figures (-s)
     assert right["plain"] >= 0.8 * len(held_out), right
     assert right["rotate"] >= 0.8 * len(held_out), right
     assert right["base"] <= 0.1 * len(held_out), right

@@ -220,6 +220,7 @@ def _account_id(session, job_id: str) -> str:
     return session.get(Job, job_id).account_id
 
 
+@pytest.mark.heavy  # a Ray Train run of its own (make test-heavy)
 def test_dpo_job_succeeds_with_eval_loss_from_ln2(trainer_account):
     client, _ = trainer_account
     rows = [preference_row(f"question {i}?", f"good answer {i}", f"bad reply {i}") for i in range(40)]
@@ -251,6 +252,7 @@ def test_context_too_long_fails_before_training(trainer_account):
     assert job.fine_tuned_model is None
 
 
+@pytest.mark.heavy  # a Ray Train run of its own (make test-heavy)
 def test_job_on_a_batch_results_file_trains_on_its_distilled_rows(trainer_account):
     """The shortcut: a batch_output file as training_file is distilled with the defaults first, by
     the controller, while the job waits in validating_files (tests/serve_app/test_distill_jobs.py
