@@ -132,7 +132,7 @@ def _summary(name: str, outcomes: Counter, seconds: float) -> str:
 
 
 PROFILES = [
-    pytest.param("default", 500, 40, id="default"),
+    pytest.param("default", 1000, 40, id="default"),
     pytest.param("large", 2500, 400, id="large", marks=pytest.mark.fuzz_large),
 ]
 
