@@ -24,7 +24,9 @@ def service(apis):
     made = []
 
     def make(name: str, controller: dict | None = None, **overrides):
-        api = apis(f"{name}-{uuid.uuid4().hex[:6]}", **{"run_lease_seconds": 5, **overrides})
+        # The serving-parity check (its own tests: tests/train/test_parity.py, the SFT job) is off:
+        # these tests are about a run's recovery, and its Ray task adds a model load to every job.
+        api = apis(f"{name}-{uuid.uuid4().hex[:6]}", **{"run_lease_seconds": 5, "parity_check": False, **overrides})
         # `controller`: settings the controller runs with where they differ from the API's.
         handle = start_controller(api.settings.model_copy(update=controller or {}), name=f"ctl-{api.name}")
         made.append(handle)

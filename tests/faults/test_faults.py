@@ -76,7 +76,8 @@ def assert_succeeded_once(api, client, job, *, attempts: int):
 def _env(data_dir: Path, database_url: str | None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "OPENFT_"))}
     env.update(OPENFT_MODEL_SOURCE="standin", OPENFT_BILLING_ENABLED="true", OPENFT_RUN_LEASE_SECONDS="5",
-               OPENFT_CONTROLLER_POLL_SECONDS="0.5", OPENFT_DATA_DIR=str(data_dir))
+               OPENFT_CONTROLLER_POLL_SECONDS="0.5", OPENFT_DATA_DIR=str(data_dir),
+               OPENFT_PARITY_CHECK="false")  # as tests/faults/conftest.py `service`: recovery, not parity
     if database_url:
         env["OPENFT_DATABASE_URL"] = database_url
     return env
