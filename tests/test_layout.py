@@ -64,17 +64,21 @@ def test_the_storage_package_has_no_import_circle():
         assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
 
 
+def status_assigned(node: ast.AST, owner) -> bool:
+    """Whether `node` assigns `<name>.status` (plain, augmented, annotated or in a tuple) for a name `owner` accepts."""
+    targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+        node, (ast.AugAssign, ast.AnnAssign)) else []
+    return any(isinstance(leaf, ast.Attribute) and leaf.attr == "status" and isinstance(leaf.value, ast.Name)
+               and owner(leaf.value.id)
+               for target in targets for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]))
+
+
 def _status_writes(tree: ast.AST) -> list[int]:
     """Lines that assign `<x>.status` where x is a Job, or pass `status=` to Job(...) or update(Job)."""
     lines = []
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign)) else []
-        for target in targets:
-            for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]):
-                if isinstance(leaf, ast.Attribute) and leaf.attr == "status" and isinstance(leaf.value, ast.Name) \
-                        and re.fullmatch(r"(job|j|row|locked|waiting)", leaf.value.id):
-                    lines.append(node.lineno)
+        if status_assigned(node, lambda name: re.fullmatch(r"(job|j|row|locked|waiting)", name)):
+            lines.append(node.lineno)
         if isinstance(node, ast.Call) and any(k.arg == "status" for k in node.keywords):
             func = node.func
             called = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else ""

@@ -6,19 +6,14 @@ from __future__ import annotations
 import ast
 import re
 
-from tests.test_layout import PACKAGES, ROOT, modules
+from tests.test_layout import PACKAGES, ROOT, modules, status_assigned
 
 
 def _batch_status_writes(tree: ast.AST) -> list[int]:
     lines = []
     for node in ast.walk(tree):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-            node, (ast.AugAssign, ast.AnnAssign)) else []
-        for target in targets:
-            for leaf in (target.elts if isinstance(target, ast.Tuple) else [target]):
-                if isinstance(leaf, ast.Attribute) and leaf.attr == "status" and isinstance(leaf.value, ast.Name) \
-                        and "batch" in leaf.value.id:
-                    lines.append(node.lineno)
+        if status_assigned(node, lambda name: "batch" in name):
+            lines.append(node.lineno)
         if isinstance(node, ast.Call) and "update(Batch)" in ast.unparse(node) and any(
                 k.arg == "status" for k in node.keywords):
             lines.append(node.lineno)
