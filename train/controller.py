@@ -26,7 +26,8 @@ Batches (issue 13) are driven here too: each pass claims batches after it starte
 drives each on a thread of its own (batches/run.py `drive`), which holds the batch's lease.
 
 The actor restarts itself after a crash (`max_restarts=-1`) and starts its loop in `__init__`, so
-a restarted actor schedules again at once; `openft serve` re-creates it if it is gone.
+a restarted actor schedules again at once; `openft serve` re-creates it if it is gone. Each pass
+also removes the placement groups of stopped runs that Ray would keep (train/placement.py).
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from storage.models import File, Job
 from storage.objects import open_object_store
 from train.attempt import AttemptResult, FileRef, RayRuns, RunTicket
 from train.parity import ParityAbandoned, check_parity, parity_error, parity_request
+from train.placement import remove_orphans, remove_placement_group
 from train.registration import RegistrationError, register
 
 log = logging.getLogger("openft.controller")
@@ -90,6 +92,10 @@ class JobController:
         lost = scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
         for run in lost:
             remove_placement_group(run.placement_group)
+        try:
+            remove_orphans()  # the groups of runs stopped before their worker recorded them (train/placement.py)
+        except Exception as exc:  # the GCS is briefly unreachable: the next pass sweeps again
+            log.warning("placement group sweep failed: %s", type(exc).__name__)
         batch_scheduling.reconcile(self.db, int(time.time()), alive=self._alive(), mine=self.id + ".")
         batch_run.sweep_stages(self.batch_ctx)  # the stages of batches that ended without their driver
         return [run.job_id for run in lost]
@@ -411,21 +417,6 @@ class JobController:
                                 "valid_loss": event.data.get("valid_loss"),
                                 "valid_mean_token_accuracy": event.data.get("valid_mean_token_accuracy")})
             return out
-
-
-def remove_placement_group(pg_hex: str | None) -> None:
-    """Remove a run's placement group if this cluster still has it (after a whole restart it is gone)."""
-    if not pg_hex:
-        return
-    import ray
-    from ray.util.placement_group import PlacementGroup, remove_placement_group as remove
-
-    found = ray.util.placement_group_table().get(pg_hex)
-    if found is not None and found.get("state") != "REMOVED":
-        from ray._raylet import PlacementGroupID
-
-        remove(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_hex))))
-        log.info("removed the placement group of a stopped run")
 
 
 CONTROLLER_NAME = "openft-controller"

@@ -21,7 +21,7 @@ def service(apis):
 
     from train.controller import start_controller
 
-    made = []
+    made, names = [], []
 
     def make(name: str, controller: dict | None = None, **overrides):
         # The serving-parity check (its own tests: tests/train/test_parity.py, the SFT job) is off:
@@ -30,15 +30,43 @@ def service(apis):
         # `controller`: settings the controller runs with where they differ from the API's.
         handle = start_controller(api.settings.model_copy(update=controller or {}), name=f"ctl-{api.name}")
         made.append(handle)
+        names.append(api.name)
         return api, handle
 
     yield make
+    from ray import serve
+
     for handle in made:
         try:
             ray.get(handle.stop.remote(), timeout=30)
         except Exception:  # killed by the test and not restarted
             pass
         ray.kill(handle)
+    for api_name in names:
+        serve.delete(api_name)  # its replicas would otherwise stay up for the rest of the session
+    assert_cluster_at_rest()
+
+
+def assert_cluster_at_rest(timeout: float = 60) -> None:
+    """Every fault ends with the cluster's resources free again: no placement group and no worker
+    still holds CPU once the test's runs are over. A run that leaked them would leave the next job
+    waiting for a Train worker that can never be placed (the session's cluster has 2 CPUs)."""
+    import ray
+
+    def leftovers() -> dict:
+        held = {pg: info["state"] for pg, info in ray.util.placement_group_table().items()
+                if info["state"] not in ("REMOVED",)}
+        free, total = ray.available_resources().get("CPU", 0), ray.cluster_resources().get("CPU", 0)
+        return {"placement_groups": held, "cpu_free": free, "cpu_total": total}
+
+    deadline = time.monotonic() + timeout
+    while True:
+        now = leftovers()
+        if not now["placement_groups"] and now["cpu_free"] == now["cpu_total"]:
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"the cluster is not at rest {timeout:.0f} s after the test: {now}")
+        time.sleep(0.5)
 
 
 def processes_matching(text: str) -> list[int]:

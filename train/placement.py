@@ -1,0 +1,66 @@
+"""The Train workers' placement groups of runs that were stopped.
+
+Why this exists: Ray Train's controller actor creates a run's placement group (the bundles its
+Train workers hold) and removes it when the run ends on its own. A run the job controller stops
+(a cancel, the time limit, a stall, a lost lease) is killed with its task, and Ray Train's
+controller, which that task owns, dies with it. Ray keeps a placement group until the *driver job*
+that created it ends, so the bundle would stay reserved for as long as `openft serve` runs, and the
+next job would wait for a Train worker that can never be placed. The group is recorded in the job's
+row once the worker starts (`Job.run_placement_group`), and Ray Train's own cleaner learns it at the
+same moment, so a run stopped during Ray Train's start (model load, worker startup) leaked it.
+
+The GCS records each group's creator actor and whether that actor has died: a group of this driver
+job (the service's own Ray job) whose creator is dead belongs to no live run, whatever the database
+recorded. Groups of other Ray jobs on a shared cluster are never touched.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("openft.placement")
+
+
+def remove_placement_group(pg_hex: str | None) -> None:
+    """Remove a run's placement group if this cluster still has it (after a whole restart it is gone)."""
+    if not pg_hex:
+        return
+    import ray
+    from ray.util.placement_group import PlacementGroup, remove_placement_group as remove
+
+    found = ray.util.placement_group_table().get(pg_hex)
+    if found is not None and found.get("state") != "REMOVED":
+        from ray._raylet import PlacementGroupID
+
+        remove(PlacementGroup(PlacementGroupID(bytes.fromhex(pg_hex))))
+        log.info("removed the placement group of a stopped run")
+
+
+def orphaned_placement_groups() -> list[str]:
+    """Hex ids of this Ray job's live placement groups whose creating actor has died."""
+    import ray
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    if not ray.is_initialized():
+        return []
+    job = bytes.fromhex(ray.get_runtime_context().get_job_id())
+    removed = gcs_pb2.PlacementGroupTableData.REMOVED
+    orphans = []
+    # placement_group_table() drops the creator fields; the GCS accessor's records have them.
+    for raw in state._connect_and_get_accessor().get_placement_group_table():
+        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
+        # A group made by the driver or a task has no creator actor and counts as "dead" in the GCS.
+        made_by_actor = not ray.ActorID(group.creator_actor_id).is_nil()
+        if (group.creator_job_id == job and made_by_actor and group.creator_actor_dead and not group.is_detached
+                and group.state != removed):
+            orphans.append(group.placement_group_id.hex())
+    return orphans
+
+
+def remove_orphans() -> int:
+    """Remove every orphaned placement group (see the module's docstring); returns how many."""
+    orphans = orphaned_placement_groups()
+    for pg_hex in orphans:
+        remove_placement_group(pg_hex)
+    return len(orphans)
