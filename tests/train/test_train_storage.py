@@ -33,6 +33,7 @@ def _local_copies(root: Path, run_name: str) -> list[Path]:
     return [p for p in root.rglob(f"*{run_name}*") if not p.is_relative_to(ray_temp)] if root.exists() else []
 
 
+@pytest.mark.heavy  # make test-heavy: a Ray Train run of its own (make test's jobs train on the local store)
 def test_a_real_run_keeps_its_ray_train_state_in_the_bucket(seaweed, cache_root, tmp_path):
     bucket = f"t-{uuid.uuid4().hex[:20]}"
     boto3.client("s3", endpoint_url=seaweed.endpoint_url, region_name="us-east-1").create_bucket(Bucket=bucket)
