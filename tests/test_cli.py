@@ -102,3 +102,21 @@ def test_accounts_create_then_serve_until_sigterm():
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_serve_refuses_a_worker_count_the_cluster_cannot_place():
+    # The local cluster has this machine's CPUs; 64 Train workers of one CPU each never fit on it.
+    data_dir = Path(tempfile.mkdtemp(prefix="oftcli-"))
+    env = {**_env(), "OPENFT_TRAIN_NUM_WORKERS": "64"}
+    server = subprocess.Popen(
+        [*OPENFT, "serve", "--data-dir", str(data_dir), "--port", str(free_port())],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True,
+    )
+    try:
+        out, err = server.communicate(timeout=180)
+    finally:
+        if server.poll() is None:
+            os.killpg(server.pid, signal.SIGKILL)
+    assert server.returncode == 2, out + err
+    assert "openft: configuration error: OPENFT_TRAIN_NUM_WORKERS: train_num_workers is 64" in err
+    assert "openft API:" not in out
