@@ -63,8 +63,7 @@ def main() -> None:
                                   max_seq_length=MAX_SEQ, train_prefix=ref.prefix, output_prefix=f"out/{workers}/",
                                   checkpoint_prefix=f"ck/{workers}/")
         log = tmp / f"log-{workers}.jsonl"
-        outcome = run_training(job, lambda log=log: FileReporter(log), num_workers=workers, resources_per_worker=worker,
-                               storage_path=str(tmp / "runs"))
+        outcome = run_training(job, lambda log=log: FileReporter(log), num_workers=workers, resources_per_worker=worker)
         assert outcome.status == "succeeded", outcome.error
         figures[workers] = step_seconds(log)
         print(f"{workers} worker(s): {figures[workers]:.3f} s per step, train loss {outcome.result['train_loss']:.4f}",

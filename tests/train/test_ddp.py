@@ -74,10 +74,9 @@ def _job(store, ref, cache_root, name: str, **overrides):
                     checkpoint_prefix=f"checkpoints/{name}/", **overrides)
 
 
-def _train(job, log, workers: int, storage, reporter=None):
+def _train(job, log, workers: int, reporter=None):
     reporter = reporter or FileReporter(log)
-    outcome = run_training(job, lambda: reporter, num_workers=workers, resources_per_worker=WORKER,
-                           storage_path=str(storage))
+    outcome = run_training(job, lambda: reporter, num_workers=workers, resources_per_worker=WORKER)
     assert outcome.status in ("succeeded", "paused"), outcome.error
     return outcome
 
@@ -108,7 +107,7 @@ def one_and_two(tokenized, cache_root, tmp_path_factory):
     for workers in (1, 2):
         tmp = tmp_path_factory.mktemp(f"w{workers}")
         job = _job(store, ref, cache_root, f"w{workers}")
-        runs[workers] = (job, _train(job, tmp / "log.jsonl", workers, tmp / "runs"), tmp / "log.jsonl")
+        runs[workers] = (job, _train(job, tmp / "log.jsonl", workers), tmp / "log.jsonl")
     return store, runs
 
 
@@ -149,12 +148,11 @@ def test_two_workers_resume_from_a_pause(one_and_two, tmp_path, cache_root):
     job2, out2, _ = runs[2]
     paused = dataclasses.replace(job2, job_id="ftjob-p", run_name="ftjob-p-1", output_prefix="adapters/p/",
                                  checkpoint_prefix="checkpoints/p/")
-    stopped = _train(paused, tmp_path / "log.jsonl", 2, tmp_path / "runs", PauseAt(tmp_path / "log.jsonl", at=4))
+    stopped = _train(paused, tmp_path / "log.jsonl", 2, PauseAt(tmp_path / "log.jsonl", at=4))
     assert stopped.status == "paused" and not store.exists(paused.output_prefix + "adapter_model.safetensors")
     assert [k.rsplit("/", 2)[1] for k in store.list(paused.checkpoint_prefix)][0] == "step-00000003"
 
-    resumed = _train(dataclasses.replace(paused, run_name="ftjob-p-2", resume=True), tmp_path / "log.jsonl", 2,
-                     tmp_path / "runs")
+    resumed = _train(dataclasses.replace(paused, run_name="ftjob-p-2", resume=True), tmp_path / "log.jsonl", 2)
 
     assert resumed.status == "succeeded"
     assert {k: v for k, v in resumed.result.items() if k != "seconds"} == {k: v for k, v in out2.result.items() if k != "seconds"}
