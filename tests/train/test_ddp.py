@@ -111,7 +111,7 @@ def one_and_two(tokenized, cache_root, tmp_path_factory):
     return store, runs
 
 
-@pytest.mark.heavy  # two Ray Train runs: about 95 s here
+@pytest.mark.heavy  # two Ray Train runs: 95-150 s here
 def test_two_workers_follow_one_worker(one_and_two):
     store, runs = one_and_two
     (job1, out1, log1), (job2, out2, log2) = runs[1], runs[2]
@@ -142,7 +142,7 @@ def test_two_workers_follow_one_worker(one_and_two):
     assert events.count("Checkpoint saved at step 12.") == 1 and sum(m.startswith("Training 21 rows") for m in events) == 1
 
 
-@pytest.mark.heavy  # two more runs: about 105 s here
+@pytest.mark.heavy  # two more runs: 75-105 s here
 def test_two_workers_resume_from_a_pause(one_and_two, tmp_path, cache_root):
     store, runs = one_and_two
     job2, out2, _ = runs[2]
