@@ -36,7 +36,26 @@ def check_cluster(settings: Settings) -> list[str]:
 
     nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
     problem = placement_problem(settings, nodes)
-    return [f"OPENFT_TRAIN_NUM_WORKERS: {problem}"] if problem else []
+    return ([f"OPENFT_TRAIN_NUM_WORKERS: {problem}"] if problem else []) + shared_disk_problems(settings, len(nodes))
+
+
+def shared_disk_problems(settings: Settings, node_count: int) -> list[str]:
+    """On a cluster of several nodes, the settings that would put state on the head's own disk:
+    Train workers, Ray Data tasks and merge tasks on the other nodes write events, rows and objects
+    through the database and the store, and a SQLite file or the data dir's default objects
+    directory is not there for them. An explicit file:// store is the operator's statement that the
+    directory is one every node mounts at that path, so it passes; SQLite has no safe shared mount."""
+    if node_count <= 1:
+        return []
+    problems = []
+    if settings.resolved_database_url().startswith("sqlite"):
+        problems.append(f"OPENFT_DATABASE_URL: the cluster has {node_count} nodes and SQLite is a file on this "
+                        "node's disk that the others cannot reach; set a PostgreSQL URL")
+    if settings.storage_url is None:
+        problems.append(f"OPENFT_STORAGE_URL: the cluster has {node_count} nodes and the default object store is "
+                        f"a directory on this node's disk ({settings.resolved_storage_url()}); set an s3:// URL, "
+                        "or a file:// directory that every node mounts at the same path")
+    return problems
 
 
 def _database(settings: Settings) -> str | None:

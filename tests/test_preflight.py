@@ -77,3 +77,20 @@ def test_refused_s3_credentials(data_dir, seaweed):
     err = _refused(data_dir, "SignatureDoesNotMatch", storage_url="s3://openft-preflight/x",
                    s3_endpoint_url=seaweed.endpoint_url, aws_secret_access_key="not-the-key")
     assert "not-the-key" not in err
+
+
+def test_a_cluster_of_several_nodes_refuses_state_on_the_heads_disk(data_dir):
+    """The rule `openft serve` applies once Ray is up (entrypoints/preflight.py `check_cluster`);
+    the cluster suite (tests/cluster) reaches it on a real three-node cluster."""
+    from entrypoints.preflight import shared_disk_problems
+    from openft.settings import Settings
+
+    laptop = Settings(data_dir=data_dir)
+    assert shared_disk_problems(laptop, 1) == []  # one node: the embedded defaults are right
+    problems = shared_disk_problems(laptop, 3)
+    assert [p.split(":", 1)[0] for p in problems] == ["OPENFT_DATABASE_URL", "OPENFT_STORAGE_URL"]
+    assert all("3 nodes" in p for p in problems)
+    shared = Settings(data_dir=data_dir, database_url="postgresql+psycopg://u@db/openft",
+                      storage_url=f"file://{data_dir / 'nfs'}")  # an explicit directory: the operator's shared mount
+    assert shared_disk_problems(shared, 3) == []
+    assert shared_disk_problems(Settings(data_dir=data_dir, storage_url="s3://b/p"), 3) == [problems[0]]
