@@ -3,8 +3,9 @@
 `preflight` makes the refusals of the reference's first table and validates the adapter from its
 config and safetensors header alone (fast; no weights read). `run_merge` then reads the adapter
 once (checking its digests), resolves the base at its pinned revision, plans the merge from the
-base's index and headers (`merge/plan.py`), runs one Ray task per base shard (`merge/shard.py`),
-copies the other base files byte for byte, and writes the licence files, the index, NOTICE and
+base's index and headers (`merge/plan.py`), runs one Ray task per base shard (`merge/shard.py`;
+a task on another node resolves the base in that node's own model cache), copies the other base
+files byte for byte, and writes the licence files, the index, NOTICE and
 `gridline_merge.json` last (`merge/export.py`). Every stored file is read back and compared; if
 anything fails after writing began, the export prefix is deleted. The output is a pure function
 of the adapter and the pinned base, so re-running a merge overwrites the export with the same bytes.
@@ -25,14 +26,13 @@ from catalog.model_source import parse_model_source, resolve_base_dir
 from merge.adapter import LoraAdapter, validate_adapter
 from merge.errors import MergeError
 from merge.export import MANIFEST, NOTICE, licence_sources, manifest, manifest_bytes, notice_text, put_checked, reviewed_licence
-from merge.plan import INDEX, MergePlan, build_plan, pinned_digests
+from merge.plan import INDEX, MergePlan, ShardJob, build_plan, pinned_digests
 from merge.shard import copy_file, merge_shard
 from storage.objects import ObjectNotFound, ObjectStore, check_prefix, open_object_store
 
 ADAPTER_MODEL = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 CANCEL_GRACE_S = 10.0
-_merge_shard = ray.remote(num_cpus=1, max_retries=0)(merge_shard)
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ def _write(req, store, prefix, deadline, plan: MergePlan, adapter: LoraAdapter, 
     # Named for the Ray dashboard: which base and shard a running task is merging.
     tasks = [
         _merge_shard.options(name=f"merge {adapter.base.id} {job.path}").remote(
-            job, str(base_dir / job.path), store, f"{prefix}/{job.path}", adapter_ref, adapter.scale
+            req, job, store, f"{prefix}/{job.path}", adapter_ref, adapter.scale
         )
         for job in plan.shards
     ]
@@ -132,6 +132,16 @@ def _write(req, store, prefix, deadline, plan: MergePlan, adapter: LoraAdapter, 
     doc = manifest(plan, adapter, adapter_sha256, files, added)
     files.append(put_checked(store, f"{prefix}/{MANIFEST}", MANIFEST, manifest_bytes(doc)))
     return MergeResult(files=sorted(files, key=lambda f: f["path"]), manifest=doc)
+
+
+@ray.remote(num_cpus=1, max_retries=0)
+def _merge_shard(req: MergeRequest, job: ShardJob, store: ObjectStore, key: str, adapter: np.ndarray, scale: float) -> dict:
+    """One shard task. It may run on another node than the driver, so it resolves the base in its
+    own node's model cache (`req`'s model source and cache root: settings, the same on every node),
+    never at the driver's path; `merge_shard` checks the shard's pinned SHA-256 as it reads, so a
+    node whose copy differs fails the merge instead of exporting other weights."""
+    base_dir = _base_dir(_known_base(req.base_id), req)
+    return merge_shard(job, str(base_dir / job.path), store, key, adapter, scale)
 
 
 def _wait(tasks: list, deadline: float) -> list[dict]:

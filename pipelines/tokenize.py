@@ -24,7 +24,7 @@ skips the row.
 
 Shards are written through the store's own writer (pyarrow into memory, then `put_bytes`), the same
 code on the local and the S3 backend, and each object appears whole or not at all. Reading uses
-pyarrow's local filesystem or its S3FileSystem with the store's endpoint.
+the store's pyarrow filesystem (storage/arrow.py): local, or S3 with the store's endpoint.
 """
 
 from __future__ import annotations
@@ -380,19 +380,10 @@ def read_tokenized(store, prefix: str) -> list[dict]:
 def tokenized_dataset(store_spec: tuple, prefix: str):
     """The shards under `prefix` as a Ray Data dataset (for TorchTrainer `datasets=`)."""
     import ray
-    from urllib.parse import unquote, urlparse
 
-    import pyarrow.fs as pafs
-
+    from storage.arrow import arrow_root
     from storage.objects import open_object_store
 
-    url, endpoint, region = store_spec
     ref = load_ref(open_object_store(*store_spec), prefix)
-    parsed = urlparse(url)
-    if parsed.scheme == "file":
-        root = unquote(parsed.path).rstrip("/")
-        return ray.data.read_parquet([f"{root}/{k}" for k in ref.shards], filesystem=pafs.LocalFileSystem())
-    bucket, _, root = url.removeprefix("s3://").partition("/")
-    root = f"{root.strip('/')}/" if root.strip("/") else ""
-    fs = pafs.S3FileSystem(endpoint_override=endpoint, region=region)
-    return ray.data.read_parquet([f"{bucket}/{root}{k}" for k in ref.shards], filesystem=fs)
+    fs, root = arrow_root(store_spec)
+    return ray.data.read_parquet([f"{root}/{k}" for k in ref.shards], filesystem=fs)

@@ -11,6 +11,7 @@ multi-tenant prefix) is one edit. Prefixes end in `/`; keys do not.
     runs/<job id>/checkpoints/step-<8 digits>/    one checkpoint (its adapter is a model: jobs/model_names.py)
     runs/<job id>/adapter/                        its trained adapter
     runs/<job id>/workers/<run name>              a run's Train worker has started (restart detection)
+    runs/<job id>/train/<run name>/               Ray Train's own run state (its storage_path: storage/arrow.py)
     merges/<account>/<merge id>/                  a merged-weights export
     files/<account>/batch-<id>-output.jsonl       a batch's output file (and -errors.jsonl)
     batches/<batch id>/adapters/                  the adapter copies a batch staged (deleted when it ends)
@@ -56,6 +57,12 @@ def adapter(job_id: str) -> str:
 def worker_mark(job_id: str, run_name: str) -> str:
     """Left by a run's Train worker when it starts: a restarted worker finds it and resumes."""
     return f"{run(job_id)}workers/{run_name}"
+
+
+def train_runs(job_id: str) -> str:
+    """Ray Train's storage for every run of the job: in the store, so every node reaches it and the
+    job's other copies are deleted with it."""
+    return f"{run(job_id)}train/"
 
 
 def merge_export(account_id: str, merge_id: str) -> str:

@@ -105,3 +105,51 @@ def test_object_keys_are_laid_out_in_one_module():
             if path != ROOT / "storage" / "keys.py" and layout.search(path.read_text()):
                 found.append(str(path.relative_to(ROOT)))
     assert found == [], found
+
+
+# What a Ray task, actor, Ray Data function or Ray Train run receives runs on any node of a cluster,
+# whose disks are its own: it gets object keys, the store's spec and the model source (with the
+# model cache root, the same setting on every node), never a path on the driver's disk.
+_RAY_CALLS = {"remote", "options", "map", "map_batches", "flat_map", "filter", "TorchTrainer", "RunConfig"}
+_RAY_KEYWORDS = {"fn_args", "fn_kwargs", "fn_constructor_args", "fn_constructor_kwargs", "train_loop_config",
+                 "runtime_env", "storage_path", "working_dir", "py_modules"}
+_LOCAL_PATH = re.compile(
+    r"\b(data_dir|base_dir|base_file|run_dir|workdir|tmp|tmp_path|tmp_dir|tempfile|mkdtemp|gettempdir|TemporaryDirectory"
+    r"|local_path|ray_temp_dir|signing_secret|__file__|getcwd|home)\b|\bPath\(|\.resolve\(\)|\.root\b|file://"
+)
+
+
+def local_paths_handed_to_ray(tree: ast.AST) -> list[str]:
+    """`line: argument` for each argument of a Ray boundary call that names a local path."""
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        args = [*node.args, *(k.value for k in node.keywords)] if name in _RAY_CALLS else [
+            k.value for k in node.keywords if k.arg in _RAY_KEYWORDS]
+        found += [f"{node.lineno}: {ast.unparse(a)}" for a in args if _LOCAL_PATH.search(ast.unparse(a))]
+    return found
+
+
+def test_the_local_path_check_finds_what_crossed_a_ray_boundary_before():
+    before = [  # merge/run.py and train/attempt.py before issue 14
+        "_merge_shard.options(name=n).remote(job, str(base_dir / job.path), store, key, ref, scale)",
+        "run_training(job, factory, storage_path=str(settings.data_dir.resolve() / 'train_runs'))",
+        "ds.map_batches(Actor, fn_constructor_kwargs={'out': tempfile.mkdtemp()})",
+    ]
+    assert [len(local_paths_handed_to_ray(ast.parse(code))) for code in before] == [1, 1, 1]
+    assert local_paths_handed_to_ray(ast.parse("task.remote(req, job, store, key, ref, scale)")) == []
+
+
+def test_no_local_path_is_handed_to_a_ray_task_or_actor():
+    allowed = ("storage",)  # the stores themselves: a local store's root is its spec
+    found = {}
+    for package in (*PACKAGES, "batches"):
+        if package in allowed:
+            continue
+        for path, tree in modules(package):
+            if hits := local_paths_handed_to_ray(tree):
+                found[str(path.relative_to(ROOT))] = hits
+    assert found == {}, found

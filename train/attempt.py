@@ -107,7 +107,6 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
             train_job, partial(DBReporter, settings, ticket.job_id, ticket.owner),
             num_workers=settings.train_num_workers, use_gpu=settings.train_use_gpu,
             resources_per_worker=dict(settings.train_worker_resources),
-            storage_path=str(settings.data_dir.resolve() / "train_runs"),
         )
     except TrainingError as exc:
         return AttemptResult("failed", error_code=exc.code, error_message=exc.message)

@@ -110,17 +110,19 @@ def run_training(
     num_workers: int = 1,
     use_gpu: bool = False,
     resources_per_worker: dict | None = None,
-    storage_path: str,
 ) -> TrainOutcome:
     """Train `job` on a Ray Train worker and wait for it. Ray must be initialised.
 
-    `reporter_factory` is called inside the worker, so it must pickle. `storage_path` is Ray Train's
-    own run directory (its pointer checkpoints and run state), e.g. `<data dir>/ray_train`.
+    `reporter_factory` is called inside the worker, so it must pickle. Ray Train's own run state
+    (its pointer checkpoints) lives in the job's store under `keys.train_runs`: every node reaches
+    it (a local directory would be the driver's alone), and the reaper deletes it with the job's copies.
     """
     import ray.train
     from ray.train.torch import TorchTrainer
 
     from pipelines.tokenize import load_ref, tokenized_dataset
+    from storage import keys
+    from storage.arrow import arrow_location
     from storage.objects import open_object_store
 
     if num_workers != 1:
@@ -130,6 +132,7 @@ def run_training(
     if job.eval_prefix is not None:
         datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix)
     file_rows = load_ref(store, job.train_prefix).report["rows"]
+    storage_fs, storage_path = arrow_location(job.store_spec, keys.train_runs(job.job_id))
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"job": job, "reporter_factory": reporter_factory, "file_rows": file_rows},
@@ -137,6 +140,7 @@ def run_training(
         run_config=ray.train.RunConfig(
             name=job.run_name,
             storage_path=storage_path,
+            storage_filesystem=storage_fs,
             failure_config=ray.train.FailureConfig(max_failures=1),
             checkpoint_config=ray.train.CheckpointConfig(num_to_keep=1),
         ),

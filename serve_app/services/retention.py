@@ -6,11 +6,11 @@ every step is safe to repeat or to run twice at once). The reference's "Your dat
   job uses them;
 - copies made for a training run, 7 days after the job ends: everything under `runs/{job_id}/`
   except a live model's adapter (which stays until the model is deleted), with the checkpoints
-  (their adapters are models until then: jobs/model_names.py), Ray Train's local run
-  directories, and the tokenized shards under `tokenized/{file sha256}/`. Shards are shared by
-  every job on a file with those bytes, in any account, so they go only when no such job is open
-  or ended less than 7 days ago (checked with a mark, so a job starting meanwhile is safe:
-  storage/tokenized_reaps.py);
+  (their adapters are models until then: jobs/model_names.py), Ray Train's run state (in the
+  store too, under `runs/{job_id}/train/`), and the tokenized shards under `tokenized/{file sha256}/`.
+  Shards are shared by every job on a file with those bytes, in any account, so they go only when
+  no such job is open or ended less than 7 days ago (checked with a mark, so a job starting
+  meanwhile is safe: storage/tokenized_reaps.py);
 - jobs and their events: 180 days after they end (after their copies are gone);
 - merged exports: 7 days (`merge.worker.expire_exports`, the merge worker's own rule).
 """
@@ -18,7 +18,6 @@ every step is safe to repeat or to run twice at once). The reference's "Your dat
 from __future__ import annotations
 
 import logging
-import shutil
 
 from sqlalchemy import delete, select
 
@@ -78,8 +77,6 @@ def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
             if adapter is None or not key.startswith(adapter.rstrip("/") + "/"):
                 state.store.delete(key)
                 objects += 1
-        for run_dir in (state.settings.data_dir.resolve() / "train_runs").glob(f"{job.id}-*"):
-            shutil.rmtree(run_dir)
     tokenized = 0
     for sha in sorted(shas):
         if _reap_tokenized(state, sha, cutoff, now):

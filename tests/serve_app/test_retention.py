@@ -1,14 +1,16 @@
-"""The reaper (`reap_once`) on a real SQLite file and a real local object store, with the clock
-passed in: it deletes exactly what has passed its retention, nothing in use, and a second pass
-at the same time deletes nothing more."""
+"""The reaper (`reap_once`) on a real SQLite file and a real local object store (and a real S3 one
+for Ray Train's run state), with the clock passed in: it deletes exactly what has passed its
+retention, nothing in use, and a second pass at the same time deletes nothing more."""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+import uuid
 from pathlib import Path
 
+import boto3
 import pytest
 
 from openft.ids import file_id as new_file_id
@@ -16,7 +18,9 @@ from openft.ids import new_id
 from openft.settings import Settings
 from serve_app.services.retention import reap_once
 from serve_app.state import AppState
+from storage import keys as object_keys
 from storage.accounts import create_account
+from storage.arrow import arrow_location
 from storage.jobs import add_event
 from storage.models import File, FineTunedModel, Job, JobEvent, Merge, TokenizedReap
 from storage.tokenized_reaps import STALE_S, mark, shards_in_use, unmark, wait_while_marked
@@ -90,8 +94,6 @@ def test_reaper_deletes_exactly_what_expired_and_nothing_in_use(state: AppState,
     with state.db.session() as session:
         session.add(FineTunedModel(id=f"ft:{MODEL}:x:1", account_id=a, job_id=with_model, base=MODEL, servable=True,
                                    adapter_prefix=f"runs/{with_model}/adapter", files={}, created_at=0, created_ns=0))
-    run_dir = state.settings.data_dir.resolve() / "train_runs" / f"{alone}-a1-123"
-    run_dir.mkdir(parents=True)
 
     # Jobs: ended 181 days ago and 179 days ago (their copies go first, in the same pass).
     ancient = ended(state, a, old_file, days_ago=181)
@@ -120,7 +122,7 @@ def test_reaper_deletes_exactly_what_expired_and_nothing_in_use(state: AppState,
     assert keys(state, f"runs/{alone}/") == [] and keys(state, f"runs/{failed}/") == []
     assert keys(state, f"runs/{with_model}/") == [f"runs/{with_model}/adapter/{n}" for n in
                                                    ("adapter_config.json", "adapter_model.safetensors")]
-    assert len(keys(state, f"runs/{recent}/")) == 3 and not run_dir.exists()
+    assert len(keys(state, f"runs/{recent}/")) == 3
     assert keys(state, "exports/") == []
 
     assert reap_once(state) == dict.fromkeys(counts, 0)  # idempotent
@@ -137,6 +139,36 @@ def test_reaper_deletes_exactly_what_expired_and_nothing_in_use(state: AppState,
     later = reap_once(state, NOW + 9 * DAY)
     assert (later["tokenized_files"], later["run_copies"]) == (2, 2)
     assert keys(state, "tokenized/") == []
+
+
+def test_ray_train_run_state_is_reaped_from_the_store(seaweed, tmp_path):
+    """A cluster's runs leave their Ray Train state in the bucket, on no node's disk: the reaper on
+    the API node deletes it through the store with the job's other copies."""
+    from ray.train import Checkpoint
+    from ray.train.v2._internal.execution.storage import StorageContext
+
+    bucket = f"r-{uuid.uuid4().hex[:20]}"
+    boto3.client("s3", endpoint_url=seaweed.endpoint_url, region_name="us-east-1").create_bucket(Bucket=bucket)
+    state = AppState.from_settings(Settings(data_dir=tmp_path / "d", storage_url=f"s3://{bucket}/openft",
+                                            s3_endpoint_url=seaweed.endpoint_url))  # fmt: skip
+    try:
+        with state.db.session() as session:
+            alice, _ = create_account(session, "alice", open_jobs_limit=1)
+        job = ended(state, alice.id, add_file(state, alice.id, "s-1", created_at=NOW - 9 * DAY), days_ago=8)
+        add_run(state, job, "s-1")
+        # Written as Ray Train writes it: its own storage context, through the store's pyarrow filesystem.
+        fs, path = arrow_location(state.store.spec(), object_keys.train_runs(job))
+        run = StorageContext(storage_path=path, experiment_dir_name=f"{job}-a1-x", storage_filesystem=fs)
+        (tmp_path / "ckpt").mkdir()
+        (tmp_path / "ckpt" / "openft_checkpoint.json").write_text("{}")
+        run.persist_current_checkpoint(Checkpoint.from_directory(str(tmp_path / "ckpt")), "checkpoint_0")
+        assert len(keys(state, object_keys.train_runs(job))) == 2  # the storage check's marker file and the checkpoint
+
+        assert reap_once(state, NOW)["run_objects"] == 5
+        assert keys(state, "runs/") == []
+        assert not (tmp_path / "d" / "train_runs").exists()
+    finally:
+        state.db.dispose()
 
 
 def test_reaper_marks_the_bytes_it_deletes_and_a_starting_job_waits_the_mark_out(state: AppState):
