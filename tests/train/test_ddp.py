@@ -2,7 +2,8 @@
 same SFT job on 1 and on 2 workers (gloo on CPU) follows the same losses and ends with the same
 adapter within float tolerance; a 2-worker run paused mid-epoch resumes to the uninterrupted
 run's adapter; and a worker count the cluster can never place is refused when the settings load
-or the service starts, not after a job has tokenized.
+or the service starts, not after a job has tokenized. The DPO recipe's weighting (over pairs) is
+checked on two ranks of a plain gloo process group, which is quicker to start than Ray Train.
 
 Tolerance: the two runs compute the same sums in a different order (each rank pads its slice to
 its own longest row, and float32 matmuls over other shapes round differently; gloo adds the two
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import socket
 import sys
 
 import pytest
@@ -27,12 +29,15 @@ from openft.demo_data import ticket_splits, tickets_jsonl
 from openft.settings import Settings
 from pipelines.tokenize import build_tokenized
 from tests.train.conftest import make_job
-from train.data import length_grouped_batches
+from tests.train.test_dpo import preference_jsonl
+from train.data import length_grouped_batches, split_holdout
+from train.dpo import train_dpo
 from train.launcher import run_training
 from train.parallel import Group
-from train.progress import FileReporter
+from train.progress import FileReporter, Silent
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
+RANKS_TIMEOUT_S = 600  # two processes importing torch and training on shared cores
 
 FILE_ROWS = 22  # 1 held out for eval, 21 trained: batches of 4, and one of a single row (rank 1 trains nothing)
 WORKER = {"CPU": 0.5}  # two workers take one of the session cluster's 2 CPUs; Ray Data's reads keep the other
@@ -184,3 +189,56 @@ def test_a_worker_count_the_cluster_cannot_place_is_refused():
     assert placement_problem(Settings(**gpu, train_worker_resources={"CPU": 4}), nodes) is None
     problem = placement_problem(Settings(**gpu, train_worker_resources={"CPU": 4, "GPU": 2}), nodes)
     assert "nodes hold 0 such worker(s)" in problem
+
+
+def _dpo_rank(rank: int, world: int, port: int, job, log, train_rows, eval_rows, results) -> None:
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        group = Group(rank, world, torch.device("cpu"))
+        outcome = train_dpo(job, FileReporter(log) if group.leader else Silent(), train_rows, eval_rows, group=group)
+        results.put((rank, outcome.status, outcome.result))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dpo_on_two_ranks_matches_one(store, cache_root, base, tokenizer, tmp_path):
+    import multiprocessing
+
+    from tests.train.conftest import tokenize
+
+    file_rows = ticket_splits()[0][:FILE_ROWS]
+    rows, _ = tokenize(preference_jsonl(file_rows), tokenizer, base, method="dpo", max_seq_length=128)
+    train_rows, eval_rows = split_holdout(rows, len(file_rows), seed=0)
+    one = make_job(store, cache_root, method_type="dpo", beta=0.5, n_epochs=2, batch_size=4, learning_rate=5e-3,
+                   max_seq_length=128, output_prefix="adapters/one/", checkpoint_prefix="checkpoints/one/")
+    two = dataclasses.replace(one, output_prefix="adapters/two/", checkpoint_prefix="checkpoints/two/")
+    single = train_dpo(one, FileReporter(tmp_path / "one.jsonl"), train_rows, eval_rows)
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    ranks = [context.Process(target=_dpo_rank, args=(r, 2, port, two, tmp_path / "two.jsonl", train_rows, eval_rows, results))
+             for r in range(2)]
+    for process in ranks:
+        process.start()
+    got = dict((rank, (status, result)) for rank, status, result in (results.get(timeout=RANKS_TIMEOUT_S) for _ in ranks))
+    for process in ranks:
+        process.join(RANKS_TIMEOUT_S)
+        assert process.exitcode == 0
+
+    assert got[0][0] == got[1][0] == "succeeded"
+    r1, r2 = single.result, got[0][1]
+    assert (r2["steps"], r2["trained_tokens"], r2["eval_rows"]) == (r1["steps"], r1["trained_tokens"], r1["eval_rows"]) == (
+        12, r1["trained_tokens"], 1)
+    for key in ("eval_loss_before", "eval_loss", "train_loss"):
+        assert r2[key] == pytest.approx(r1[key], rel=RTOL, abs=ATOL), key
+    assert r1["train_loss"] < 0.69  # it trained (ln 2 at the start)
+    a1, a2 = _adapter(store, one), _adapter(store, two)
+    for name in a1:
+        torch.testing.assert_close(a2[name], a1[name], rtol=RTOL, atol=ATOL)
+    assert any(v.abs().max() > 10 * ATOL for k, v in a1.items() if "lora_B" in k)
