@@ -37,6 +37,20 @@ def _check_configuration(settings: Settings) -> int:
     return 2 if problems else 0
 
 
+def _check_cluster(settings: Settings) -> int:
+    """Exit status 2 (Ray stopped again) when the cluster can never run a job's Train workers, else 0."""
+    import ray
+
+    from entrypoints.preflight import check_cluster
+
+    problems = check_cluster(settings)
+    for problem in problems:
+        print(f"openft: configuration error: {problem}", file=sys.stderr, flush=True)
+    if problems:
+        ray.shutdown()
+    return 2 if problems else 0
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from entrypoints.ray_runtime import prepare_ray_environment
 
@@ -51,6 +65,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from train.controller import ensure_controller
 
     context = start_ray(settings, host=args.host)
+    if status := _check_cluster(settings):
+        return status
     base_url = deploy_api(settings, host=args.host, port=args.port)
     # Held for the life of the command: a non-detached actor whose last handle goes is destroyed.
     controller = ensure_controller(settings)

@@ -1,4 +1,5 @@
-"""Configuration checks that run before Ray starts (`openft serve`, `openft demo`).
+"""Configuration checks that run before Ray starts (`openft serve`, `openft demo`), and the one that
+needs the cluster (`check_cluster`, once Ray is up: can it ever place a job's Train workers?).
 
 A bad database URL, storage URL or object directory otherwise surfaces only in a Serve replica's
 log, after Ray has started and Serve has retried the deployment for some 40 s ("Deploying
@@ -22,6 +23,20 @@ def check_configuration(settings: Settings) -> list[str]:
         _within(settings.preflight_timeout_seconds, "OPENFT_STORAGE_URL: the object store", lambda: _object_store(settings)),
     ]
     return [p for p in problems if p]
+
+
+def check_cluster(settings: Settings) -> list[str]:
+    """Problems with the connected cluster's nodes that no job could get past (`train_num_workers`
+    workers of `train_worker_resources` that no set of nodes places): refused at start, not after a
+    job has tokenized. Ray must be initialised. Judged on the nodes alive now: a cluster that
+    autoscales its training nodes from zero must start with the resources declared."""
+    import ray
+
+    from jobs.scheduling import placement_problem
+
+    nodes = [node["Resources"] for node in ray.nodes() if node["Alive"]]
+    problem = placement_problem(settings, nodes)
+    return [f"OPENFT_TRAIN_NUM_WORKERS: {problem}"] if problem else []
 
 
 def _database(settings: Settings) -> str | None:

@@ -51,10 +51,39 @@ class Started:
 
 def run_need(settings: Settings) -> dict[str, float]:
     """Ray resources one run takes: every Train worker's, and a GPU each when training on GPUs."""
-    need = {k: float(v) * settings.train_num_workers for k, v in settings.train_worker_resources.items()}
+    return {k: v * settings.train_num_workers for k, v in worker_bundle(settings).items()}
+
+
+def worker_bundle(settings: Settings) -> dict[str, float]:
+    """Ray resources one Train worker takes (a GPU when training on GPUs)."""
+    bundle = {k: float(v) for k, v in settings.train_worker_resources.items()}
     if settings.train_use_gpu:
-        need["GPU"] = max(need.get("GPU", 0.0), float(settings.train_num_workers))
-    return {k: v for k, v in need.items() if v > 0}
+        bundle["GPU"] = max(bundle.get("GPU", 0.0), 1.0)
+    return {k: v for k, v in bundle.items() if v > 0}
+
+
+def placement_problem(settings: Settings, nodes: list[dict[str, float]]) -> str | None:
+    """Why the cluster whose alive nodes hold `nodes` (each node's total resources) can never run a
+    job's `train_num_workers` workers, or None. Each worker's bundle must fit on one node (SPREAD
+    falls back to packing several on a node), and the run must fit beside the CPUs kept for Ray Data."""
+    bundle, n = worker_bundle(settings), settings.train_num_workers
+    placeable = sum(runs_that_fit(node, bundle, {}) for node in nodes) if bundle else math.inf
+    if placeable < n:
+        return (f"train_num_workers is {n} with train_worker_resources {bundle} per worker"
+                f"{' (train_use_gpu: a GPU each)' if settings.train_use_gpu else ''}, but this cluster's nodes hold "
+                f"{placeable} such worker(s); lower OPENFT_TRAIN_NUM_WORKERS or add nodes with those resources")
+    total = {k: sum(node.get(k, 0.0) for node in nodes) for k in {k for node in nodes for k in node}}
+    need = run_need(settings)
+    if runs_that_fit(total, need, data_reserve(settings, need)) < 1:
+        return (f"train_num_workers is {n} with train_worker_resources {bundle} per worker, which leaves less than "
+                f"train_data_cpus ({settings.train_data_cpus:g}) CPUs of this cluster for the Ray Data reads that feed "
+                f"them; lower OPENFT_TRAIN_NUM_WORKERS or the workers' CPUs, or add CPU nodes")
+    return None
+
+
+def data_reserve(settings: Settings, need: dict[str, float]) -> dict[str, float]:
+    """The CPUs kept free beside work that takes CPUs, for the Ray Data tasks that feed it."""
+    return {"CPU": settings.train_data_cpus} if "CPU" in need else {}
 
 
 def runs_that_fit(total: dict[str, float], need: dict[str, float], reserve: dict[str, float]) -> int:

@@ -71,7 +71,13 @@ class Settings(BaseSettings):
         default_factory=lambda: {"CPU": 1},
         description='Ray resources per Train worker, e.g. {"GPU": 1, "gpu_48gb": 1} with a custom resource on 48 GB nodes.',
     )
-    train_num_workers: int = Field(1, description="Ray Train workers per job (data parallel).")
+    train_num_workers: int = Field(
+        1,
+        ge=1,
+        description="Ray Train workers per job, data parallel: each trains a slice of every batch (batch_size is the "
+        "global batch), placed on different nodes where it can. `openft serve` refuses a value the cluster's nodes "
+        "cannot place (train_worker_resources each).",
+    )
     max_concurrent_runs: int = Field(1, description="Training runs the controller keeps going at once.")
     controller_poll_seconds: float = Field(1.0, description="How often the job controller looks for work.")
     train_data_cpus: float = Field(

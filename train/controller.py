@@ -165,10 +165,7 @@ class JobController:
         import ray
 
         need = scheduling.run_need(self.settings)
-        return scheduling.runs_that_fit(ray.cluster_resources(), need, self._reserve(need))
-
-    def _reserve(self, need: dict) -> dict:
-        return {"CPU": self.settings.train_data_cpus} if "CPU" in need else {}
+        return scheduling.runs_that_fit(ray.cluster_resources(), need, scheduling.data_reserve(self.settings, need))
 
     def _run_fit(self, session) -> float:
         """Runs the cluster holds beside the batches leased now (the scheduler's lock is held)."""
@@ -176,15 +173,15 @@ class JobController:
 
         need = scheduling.run_need(self.settings)
         taken = scheduling.held(session, self.settings, runs=False)
-        return scheduling.free_for(ray.cluster_resources(), self._reserve(need), taken, need)
+        return scheduling.free_for(ray.cluster_resources(), scheduling.data_reserve(self.settings, need), taken, need)
 
     def _batch_fit(self, session) -> float:
         """More batches the cluster holds beside the leased runs and batches."""
         import ray
 
         need = scheduling.batch_need(self.settings)
-        return scheduling.free_for(ray.cluster_resources(), self._reserve(need), scheduling.held(session, self.settings),
-                                   need)
+        taken = scheduling.held(session, self.settings)
+        return scheduling.free_for(ray.cluster_resources(), scheduling.data_reserve(self.settings, need), taken, need)
 
     def _write(self, work, what: str):
         return self.db.retrying(work, budget_s=self.settings.db_outage_seconds, what=what)

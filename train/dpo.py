@@ -28,6 +28,7 @@ from pipelines.tokenize import IGNORE_INDEX
 from train.config import TrainingError, TrainJob, TrainOutcome
 from train.data import eval_batches, length_grouped_batches, pad_batch
 from train.loop import Progress, StepResult, run_recipe
+from train.parallel import SINGLE, Group
 from train.lora import autocast
 from train.losses import dpo_losses, sequence_logprobs
 from train.progress import Reporter
@@ -89,16 +90,17 @@ class DPOSteps:
         losses = self._losses(rows, self.reference["train"][batch])
         prompts = sum(len(r["prompt_ids"]) for r in rows)
         answers = sum(len(r["chosen_ids"]) + len(r["rejected_ids"]) for r in rows)
-        return StepResult(losses.mean(), losses.sum().item(), len(rows), 2 * prompts + answers, prompts + answers)
+        return StepResult(losses.sum(), len(rows), 2 * prompts + answers, prompts + answers)
 
     @torch.no_grad()
-    def evaluate(self) -> float | None:
-        if not self.eval_rows:
-            return None
-        total = 0.0
+    def evaluate(self, shard: Callable[[list[int]], list[int]]) -> tuple[float, int]:
+        total, count = 0.0, 0
         for batch in eval_batches([_pair_length(r) for r in self.eval_rows], self.job.batch_size):
+            if not (batch := shard(batch)):
+                continue
             total += self._losses([self.eval_rows[i] for i in batch], self.reference["eval"][batch]).sum().item()
-        return total / len(self.eval_rows)
+            count += len(batch)
+        return total, count
 
 
 def train_dpo(
@@ -107,9 +109,11 @@ def train_dpo(
     train_rows: list[dict],
     eval_rows: list[dict],
     *,
-    on_checkpoint: Callable[[str], None] | None = None,
+    on_checkpoint: Callable[[str | None], None] | None = None,
+    group: Group = SINGLE,
 ) -> TrainOutcome:
-    """Train on `train_rows` (tokenized preference rows), measure on `eval_rows`; see the module docstring."""
+    """Train on `train_rows` (tokenized preference rows), measure on `eval_rows`; see the module docstring.
+    Under data parallelism every rank passes the same rows and its `group` (train/parallel.py)."""
     if job.method_type != "dpo":
         raise ValueError("train_dpo runs DPO jobs; supervised jobs go to train.sft.train_sft")
     if not train_rows:
@@ -118,5 +122,5 @@ def train_dpo(
         job, reporter,
         lambda model, device, pad_id: DPOSteps(job, model, device, pad_id, train_rows, eval_rows),
         f"Training {len(train_rows)} pairs for {job.n_epochs} epoch(s) with beta {job.beta}, evaluating on {len(eval_rows)} pairs.",
-        len(train_rows), len(eval_rows), on_checkpoint,
+        len(train_rows), len(eval_rows), on_checkpoint, group,
     )  # fmt: skip

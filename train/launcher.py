@@ -5,9 +5,14 @@ the worker reads the tokenized rows with `ray.train.get_dataset_shard`, runs the
 (train/sft.py or train/dpo.py) and returns the outcome as rank 0's return value.
 
 Decisions:
-- One worker per job (the service trains each job on one GPU). Ray Data's datasets are given
-  whole to the worker (`DataConfig(datasets_to_split=[])`) and sorted by line there, so the batch
-  order is a function of the seed alone.
+- `num_workers` workers per job (`train_num_workers`, one GPU each on GPU nodes), data parallel
+  (train/parallel.py): placed SPREAD, so they go to different nodes when there are several (Ray
+  packs them on one node when it must); gloo on CPU, NCCL on GPU (Ray Train's TorchConfig picks by
+  whether the workers take GPUs). Ray Data's datasets are given whole to every worker
+  (`DataConfig(datasets_to_split=[])`) and sorted by line there, so every rank builds the same
+  batch order from the seed alone and trains its slice of each batch.
+- Rank 0 alone writes: the worker mark, the placement-group record, checkpoints, events, metrics,
+  the adapter, and the outcome that `run_training` returns (Ray Train's `return_value` is rank 0's).
 - Checkpoints live in the object store under `job.checkpoint_prefix` (train/checkpoint.py), so a
   paused job resumes in a new Ray Train run (`TrainJob.resume`). Each one is also reported to Ray
   Train as a small pointer checkpoint, so that `FailureConfig(max_failures=1)` restarts a lost
@@ -37,9 +42,13 @@ from train.progress import Reporter
 POINTER = "openft_checkpoint.json"
 
 
-def _report_pointer(key: str) -> None:
+def _report_pointer(key: str | None) -> None:
+    """Every rank reports (Ray Train's report is collective); rank 0's carries the pointer, the others' None."""
     import ray.train
 
+    if key is None:
+        ray.train.report({"checkpoint_key": None})
+        return
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / POINTER).write_text(json.dumps({"key": key}))
         ray.train.report({"checkpoint_key": key}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
@@ -57,8 +66,8 @@ def _plain(row: dict) -> dict:
     return {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in row.items()}
 
 
-def train_worker(config: dict) -> dict:
-    """The per-worker loop (rank 0 only: one worker per job). Returns the outcome as a dict."""
+def train_worker(config: dict) -> dict | None:
+    """The per-worker loop, on every rank. Rank 0 returns the outcome as a dict, the others None."""
     import ray.train
 
     from train.dpo import train_dpo
@@ -69,9 +78,12 @@ def train_worker(config: dict) -> dict:
     from storage import keys
     from storage.objects import open_object_store
     from train.checkpoint import latest_checkpoint
+    from train.parallel import Group
+    from train.progress import Silent
 
     job: TrainJob = config["job"]
-    reporter: Reporter = config["reporter_factory"]()
+    group = Group.of_ray_train_worker()
+    reporter: Reporter = config["reporter_factory"]() if group.leader else Silent()
     record = getattr(reporter, "placement_group", None)
     pg = get_current_placement_group()
     if record is not None and pg is not None:
@@ -79,15 +91,19 @@ def train_worker(config: dict) -> dict:
     # A worker Ray Train restarted finds the mark its first life left: it resumes from the newest
     # checkpoint in the store, whether or not Ray Train had registered that checkpoint's pointer
     # when the worker died (a worker killed right after saving leaves the store ahead of Ray Train).
+    # Rank 0 decides for every rank: another rank's look at the store could see rank 0's fresh mark.
     store = open_object_store(*job.store_spec)
-    mark = keys.worker_mark(job.job_id, job.run_name)
-    if ray.train.get_checkpoint() is not None or store.exists(mark):
+    restarted = 0
+    if group.leader:
+        mark = keys.worker_mark(job.job_id, job.run_name)
+        restarted = int(ray.train.get_checkpoint() is not None or store.exists(mark))
+        if not restarted:
+            store.put_bytes(mark, b"")
+    if group.from_rank0(restarted):
         resume = job.resume or latest_checkpoint(store, job.checkpoint_prefix) is not None
         reporter.event("Worker lost, retrying from checkpoint." if resume else "Worker lost, retrying from the start.",
                        level="warning")
         job = dataclasses.replace(job, resume=resume)
-    else:
-        store.put_bytes(mark, b"")
     train_rows = [_plain(r) for r in _rows("train")]
     if job.eval_source == "validation_file":
         eval_rows = [_plain(r) for r in _rows("eval")]
@@ -95,10 +111,12 @@ def train_worker(config: dict) -> dict:
         train_rows, eval_rows = split_holdout(train_rows, config["file_rows"], job.seed)
     recipe = train_sft if job.method_type == "supervised" else train_dpo
     try:
-        outcome = recipe(job, reporter, train_rows, eval_rows, on_checkpoint=_report_pointer)
+        outcome = recipe(job, reporter, train_rows, eval_rows, on_checkpoint=_report_pointer, group=group)
     except TrainingError as exc:
         reporter.event(exc.message, level="error", data={"code": exc.code})
         outcome = TrainOutcome("failed", error=exc)
+    if not group.leader:
+        return None
     error = {"code": outcome.error.code, "message": outcome.error.message} if outcome.error else None
     return {"status": outcome.status, "result": outcome.result, "error": error}
 
@@ -111,7 +129,9 @@ def run_training(
     use_gpu: bool = False,
     resources_per_worker: dict | None = None,
 ) -> TrainOutcome:
-    """Train `job` on a Ray Train worker and wait for it. Ray must be initialised.
+    """Train `job` on `num_workers` Ray Train workers (data parallel) and wait for it. Ray must be
+    initialised. Whether the cluster can place the workers is checked when the service starts
+    (entrypoints/preflight.py `check_cluster`), not here, after tokenizing.
 
     `reporter_factory` is called inside the worker, so it must pickle. Ray Train's own run state
     (its pointer checkpoints) lives in the job's store under `keys.train_runs`: every node reaches
@@ -125,8 +145,6 @@ def run_training(
     from storage.arrow import arrow_location
     from storage.objects import open_object_store
 
-    if num_workers != 1:
-        raise ValueError("run_training runs one worker per job; num_workers must be 1")
     store = open_object_store(*job.store_spec)
     datasets = {"train": tokenized_dataset(job.store_spec, job.train_prefix)}
     if job.eval_prefix is not None:
@@ -136,7 +154,8 @@ def run_training(
     trainer = TorchTrainer(
         train_worker,
         train_loop_config={"job": job, "reporter_factory": reporter_factory, "file_rows": file_rows},
-        scaling_config=ray.train.ScalingConfig(num_workers=1, use_gpu=use_gpu, resources_per_worker=resources_per_worker),
+        scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
+                                               resources_per_worker=resources_per_worker, placement_strategy="SPREAD"),
         run_config=ray.train.RunConfig(
             name=job.run_name,
             storage_path=storage_path,

@@ -6,6 +6,11 @@ is measured) and call `run_recipe`, which builds the model, runs `TrainLoop` and
 `Progress`, which a checkpoint stores whole, so a resumed run ends with the same numbers and the
 same adapter bytes as an uninterrupted one.
 
+Data parallel (train/parallel.py): every rank runs this loop over the same batches and trains its
+slice of each; the step's loss is the mean over the whole batch, its counts are summed over the
+ranks, and only rank 0 (the group's leader) checkpoints, saves the adapter and reports. Pause,
+cancel and the time limit are rank 0's decisions, broadcast, so every rank stops at the same step.
+
 Schedule: linear warmup over the first 3 % of steps (at least one), then linear decay towards
 zero; AdamW without weight decay; gradients clipped to norm 1.0. The learning rate is a pure
 function of the step, so there is no scheduler state to save.
@@ -24,6 +29,7 @@ from storage.objects import open_object_store
 from train.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng, save_checkpoint
 from train.config import TrainingError, TrainJob, TrainOutcome
 from train.lora import adapter_files, build_model, load_adapter_weights, pick_device, trainable_parameters
+from train.parallel import SINGLE, Group
 from train.progress import MetricsClock, Reporter
 
 WARMUP_FRACTION = 0.03
@@ -32,9 +38,8 @@ MAX_GRAD_NORM = 1.0
 
 @dataclass
 class StepResult:
-    loss: torch.Tensor  # what backward runs on
-    loss_sum: float  # the batch's summed loss, and what it is summed over (tokens for SFT, pairs for DPO)
-    loss_count: int
+    loss_sum: torch.Tensor  # the rows' summed loss (backward runs on it over the batch's count)
+    loss_count: int  # what it is summed over: trained tokens for SFT, pairs for DPO
     tokens: int  # non-pad tokens the step processed (throughput)
     row_tokens: int  # the trained rows' tokens, as billed (result `trained_tokens`)
 
@@ -46,9 +51,13 @@ class Steps(Protocol):
 
     def epoch_batches(self, epoch: int) -> list[list[int]]: ...
 
-    def train_step(self, batch: list[int]) -> StepResult: ...
+    def train_step(self, batch: list[int]) -> StepResult:
+        """The loss of the rows `batch` indexes (never empty)."""
+        ...
 
-    def evaluate(self) -> float | None: ...
+    def evaluate(self, shard: Callable[[list[int]], list[int]]) -> tuple[float, int]:
+        """(summed eval loss, what it is summed over) of `shard` of each eval batch."""
+        ...
 
 
 @dataclass
@@ -66,11 +75,17 @@ class Progress:
     extra: dict = field(default_factory=dict)  # recipe state that must survive a resume (DPO reference log-probs)
 
 
-def check_time(job: TrainJob, trained_s: float, where: str) -> None:
+def out_of_time(job: TrainJob, trained_s: float) -> bool:
     """The job's time limit: `time_limit_s` of training in this session and its earlier ones, and
     the controller's deadline, which also counts model load, tokenization and evals."""
-    if trained_s > job.time_limit_s or (job.deadline is not None and time.time() > job.deadline):
-        raise TrainingError("time_limit_exceeded", f"Training did not finish within {job.time_limit_s:.0f} s{where}.")
+    return trained_s > job.time_limit_s or (job.deadline is not None and time.time() > job.deadline)
+
+
+def time_limit_error(job: TrainJob, where: str) -> TrainingError:
+    return TrainingError("time_limit_exceeded", f"Training did not finish within {job.time_limit_s:.0f} s{where}.")
+
+
+STOPS = (None, "lost", "cancel", "pause", "time")  # what the leader broadcasts before each step
 
 
 def learning_rate(step: int, total_steps: int, peak: float) -> float:
@@ -87,9 +102,10 @@ class TrainLoop:
         reporter: Reporter,
         model: torch.nn.Module,
         store,
-        on_checkpoint: Callable[[str], None] | None = None,
+        on_checkpoint: Callable[[str | None], None] | None = None,
+        group: Group = SINGLE,
     ):
-        self.job, self.reporter, self.model, self.store = job, reporter, model, store
+        self.job, self.reporter, self.model, self.store, self.group = job, reporter, model, store, group
         self.params = trainable_parameters(model)
         self.optimizer = torch.optim.AdamW(self.params, lr=job.learning_rate, weight_decay=0.0)
         self.on_checkpoint = on_checkpoint
@@ -117,7 +133,32 @@ class TrainLoop:
         )
         return True
 
-    def checkpoint(self) -> str:
+    def check_time(self, trained_s: float, where: str) -> None:
+        """The time limit on the leader's clock, raised on every rank."""
+        if self.group.from_rank0(int(self.group.leader and out_of_time(self.job, trained_s))):
+            raise time_limit_error(self.job, where)
+
+    def stop_reason(self, trained_s: float, where: str) -> str | None:
+        """The leader's control poll (None, lost, cancel, pause), then its time check, as every rank's answer."""
+        stop = None
+        if self.group.leader:
+            stop = self.reporter.control() or ("time" if out_of_time(self.job, trained_s) else None)
+        stop = STOPS[self.group.from_rank0(STOPS.index(stop))]
+        if stop == "time":
+            raise time_limit_error(self.job, where)
+        return stop
+
+    def evaluate(self, steps: Steps) -> float | None:
+        """The eval loss over every rank's shard; None when there is nothing to evaluate."""
+        total, count = self.group.sum(list(steps.evaluate(self.group.shard)))
+        return total / count if count else None
+
+    def checkpoint(self) -> str | None:
+        """Rank 0 stores the checkpoint; every rank reports to Ray Train (its report is collective)."""
+        if not self.group.leader:
+            if self.on_checkpoint is not None:
+                self.on_checkpoint(None)
+            return None
         p = self.progress
         adapter = adapter_files(self.model, get_base(self.job.base_id))  # peft's files: a checkpoint is a model
         key = save_checkpoint(self.store, self.job.checkpoint_prefix, p.step, adapter, self.optimizer.state_dict(), asdict(p))
@@ -135,9 +176,9 @@ class TrainLoop:
     def run(self, steps: Steps) -> TrainOutcome | None:
         """Train to the end (None) or stop early with a paused or cancelled outcome."""
         job, p = self.job, self.progress
-        check_time(job, p.seconds, " (before the first eval)")
+        self.check_time(p.seconds, " (before the first eval)")
         if not p.evaluated_before:
-            p.eval_loss_before, p.evaluated_before = steps.evaluate(), True
+            p.eval_loss_before, p.evaluated_before = self.evaluate(steps), True
         total_steps = sum(len(steps.epoch_batches(e)) for e in range(job.n_epochs))
         started, session_tokens = time.monotonic(), 0  # since the last epoch end or the start of this session
         clock, window_sum, window_count = MetricsClock(), 0.0, 0
@@ -145,7 +186,7 @@ class TrainLoop:
         while p.epoch < job.n_epochs:
             batches = steps.epoch_batches(p.epoch)
             while p.batch < len(batches):
-                control = self.reporter.control()
+                control = self.stop_reason(p.seconds + time.monotonic() - started, f" (step {p.step} of {total_steps})")
                 if control == "lost":  # another run owns the job now: stop and write nothing
                     return TrainOutcome("cancelled")
                 if control == "cancel":
@@ -156,21 +197,19 @@ class TrainLoop:
                     self.checkpoint()
                     self.reporter.event(f"Training paused at step {p.step}; checkpoint saved.", data={"step": p.step})
                     return TrainOutcome("paused")
-                check_time(job, p.seconds + time.monotonic() - started, f" (step {p.step} of {total_steps})")
                 lr = learning_rate(p.step, total_steps, job.learning_rate)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                result = steps.train_step(batches[p.batch])
-                result.loss.backward()
+                loss_sum, loss_count, tokens, row_tokens = self.step(steps, batches[p.batch])
                 torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
                 p.step, p.batch = p.step + 1, p.batch + 1
-                p.trained_tokens += result.row_tokens
-                p.epoch_loss_sum += result.loss_sum
-                p.epoch_loss_count += result.loss_count
-                window_sum, window_count = window_sum + result.loss_sum, window_count + result.loss_count
-                session_tokens += result.tokens
+                p.trained_tokens += row_tokens
+                p.epoch_loss_sum += loss_sum
+                p.epoch_loss_count += loss_count
+                window_sum, window_count = window_sum + loss_sum, window_count + loss_count
+                session_tokens += tokens
                 if clock.due(p.step, total_steps):
                     session = time.monotonic() - started
                     self.reporter.metrics({
@@ -189,6 +228,18 @@ class TrainLoop:
             session_tokens = 0
             self.checkpoint()
         return None
+
+    def step(self, steps: Steps, batch: list[int]) -> tuple[float, int, int, int]:
+        """Backward over this rank's slice of `batch`, the gradients summed over the ranks; returns
+        the whole batch's (loss sum, loss count, tokens, row tokens), summed over the ranks."""
+        rows = self.group.shard(batch)
+        local = steps.train_step(rows) if rows else None
+        figures = [local.loss_sum.item(), local.loss_count, local.tokens, local.row_tokens] if local else [0.0, 0, 0, 0]
+        loss_sum, count, tokens, row_tokens = self.group.sum(figures)
+        if local is not None:
+            (local.loss_sum / count).backward()
+        self.group.sum_gradients(self.params)
+        return loss_sum, int(count), int(tokens), int(row_tokens)
 
     def result(self, eval_loss: float | None, eval_rows: int) -> dict:
         """The gridline.result figures. `trained_tokens`: every token of every trained row (prompt and
@@ -213,17 +264,19 @@ def run_recipe(
     opening: str,
     train_rows: int,
     eval_rows: int,
-    on_checkpoint: Callable[[str], None] | None = None,
+    on_checkpoint: Callable[[str | None], None] | None = None,
+    group: Group = SINGLE,
 ) -> TrainOutcome:
     """setup (base + adapter, the loop, a resumed checkpoint), `Steps.prepare`, train, then eval
-    and save the adapter under `job.output_prefix`. `opening` is the first event's message."""
+    and save the adapter under `job.output_prefix` (rank 0). `opening` is the first event's message.
+    `reporter` is rank 0's; the other ranks get one that says nothing (train/progress.py Silent)."""
     base = get_base(job.base_id)
     store = open_object_store(*job.store_spec)
     device = pick_device(job)
     model = build_model(job, base, device)
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     steps = make_steps(model, device, pad_id)
-    loop = TrainLoop(job, reporter, model, store, on_checkpoint)
+    loop = TrainLoop(job, reporter, model, store, on_checkpoint, group)
     loop.restore()
     reporter.event(opening, data={"train_rows": train_rows, "eval_rows": eval_rows, "device": device.type})
     steps.prepare(loop.progress)
@@ -232,8 +285,9 @@ def run_recipe(
     if stopped is not None:
         return stopped
 
-    check_time(job, loop.progress.seconds, " (before the last eval)")
-    eval_loss = steps.evaluate()
-    for name, data in adapter_files(model, base).items():
-        store.put_bytes(job.output_prefix + name, data)
+    loop.check_time(loop.progress.seconds, " (before the last eval)")
+    eval_loss = loop.evaluate(steps)
+    if group.leader:
+        for name, data in adapter_files(model, base).items():
+            store.put_bytes(job.output_prefix + name, data)
     return TrainOutcome("succeeded", loop.result(eval_loss, eval_rows))

@@ -2,7 +2,8 @@
 
 The recipes call a `Reporter` (the controller's DB-backed one, train/db_reporter.py, in the
 service); `FileReporter` writes JSON lines and reads a control file, for tests, benches and
-local runs. `MetricsClock` decides when a metrics report is due.
+local runs. `Silent` is what the ranks other than 0 of a data-parallel run get: rank 0 reports
+for the run (train/parallel.py). `MetricsClock` decides when a metrics report is due.
 """
 
 from __future__ import annotations
@@ -26,6 +27,19 @@ class Reporter(Protocol):
     def control(self) -> str | None:
         """None, "pause" or "cancel"."""
         ...
+
+
+class Silent:
+    """Reports nothing and is never asked for control: rank 0's answer is broadcast to it."""
+
+    def metrics(self, data: dict) -> None:
+        pass
+
+    def event(self, message: str, *, level: str = "info", data: dict | None = None) -> None:
+        pass
+
+    def control(self) -> str | None:
+        raise RuntimeError("only rank 0 polls for control; the loop broadcasts its answer")
 
 
 class FileReporter:

@@ -23,6 +23,7 @@ import torch
 from train.config import TrainingError, TrainJob, TrainOutcome
 from train.data import eval_batches, length_grouped_batches, pad_batch
 from train.loop import StepResult, run_recipe
+from train.parallel import SINGLE, Group
 from train.lora import autocast
 from train.losses import cross_entropy_sum
 from train.progress import Reporter
@@ -51,18 +52,18 @@ class SFTSteps:
         with autocast(self.device):
             loss_sum, count = cross_entropy_sum(self.model, self._batch(rows))
         tokens = sum(len(r["input_ids"]) for r in rows)
-        return StepResult(loss_sum / count, loss_sum.item(), count, tokens, tokens)
+        return StepResult(loss_sum, count, tokens, tokens)
 
     @torch.no_grad()
-    def evaluate(self) -> float | None:
-        if not self.eval_rows:
-            return None
+    def evaluate(self, shard: Callable[[list[int]], list[int]]) -> tuple[float, int]:
         total, count = 0.0, 0
         for batch in eval_batches([len(r["input_ids"]) for r in self.eval_rows], self.job.batch_size):
+            if not (batch := shard(batch)):
+                continue
             with autocast(self.device):
                 loss_sum, n = cross_entropy_sum(self.model, self._batch([self.eval_rows[i] for i in batch]))
             total, count = total + loss_sum.item(), count + n
-        return total / count
+        return total, count
 
 
 def train_sft(
@@ -71,9 +72,11 @@ def train_sft(
     train_rows: list[dict],
     eval_rows: list[dict],
     *,
-    on_checkpoint: Callable[[str], None] | None = None,
+    on_checkpoint: Callable[[str | None], None] | None = None,
+    group: Group = SINGLE,
 ) -> TrainOutcome:
-    """Train on `train_rows` (tokenized chat rows), measure on `eval_rows`; see the module docstring."""
+    """Train on `train_rows` (tokenized chat rows), measure on `eval_rows`; see the module docstring.
+    Under data parallelism every rank passes the same rows and its `group` (train/parallel.py)."""
     if job.method_type != "supervised":
         raise ValueError("train_sft runs supervised jobs; DPO jobs go to train.dpo.train_dpo")
     if not train_rows:
@@ -82,5 +85,5 @@ def train_sft(
         job, reporter,
         lambda model, device, pad_id: SFTSteps(job, model, device, pad_id, train_rows, eval_rows),
         f"Training {len(train_rows)} rows for {job.n_epochs} epoch(s), evaluating on {len(eval_rows)} rows ({job.eval_source}).",
-        len(train_rows), len(eval_rows), on_checkpoint,
+        len(train_rows), len(eval_rows), on_checkpoint, group,
     )  # fmt: skip
