@@ -202,6 +202,19 @@ def service_env(data_dir: Path, **settings: str) -> dict[str, str]:
     return env
 
 
+def s3_settings(seaweed, bucket: str, prefix: str) -> dict[str, str]:
+    return {"OPENFT_STORAGE_URL": f"s3://{bucket}/{prefix}", "OPENFT_S3_ENDPOINT_URL": seaweed.endpoint_url}
+
+
+def cluster_service_env(cluster: Cluster, name: str, database_url: str, seaweed, bucket: str, **settings: str) -> dict:
+    """`openft serve` on the head of `cluster`: PostgreSQL, S3 under `name`/, a data dir of its own
+(the same path on every node: each worker node's tmpfs gives it an empty one)."""
+    data_dir = SESSION_DIR / f"serve-{name}"
+    data_dir.mkdir()
+    return service_env(data_dir, RAY_ADDRESS=cluster.gcs_address, OPENFT_DATABASE_URL=database_url,
+                       **s3_settings(seaweed, bucket, name), **settings)  # fmt: skip
+
+
 @contextmanager
 def serving(env: dict[str, str], log: Path):
     """`openft serve` in a process group of its own; stopped by SIGTERM, then its group is killed

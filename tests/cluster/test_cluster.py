@@ -26,7 +26,7 @@ import pytest
 
 from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
 from storage.objects import open_object_store
-from tests.cluster.conftest import SESSION_DIR, WORKERS, service_env, serving
+from tests.cluster.conftest import SESSION_DIR, WORKERS, cluster_service_env, s3_settings, service_env, serving
 from tests.factories import batch_request_line, jsonl
 from tests.serve_app.test_training_api import events, wait
 from tests.utils.polling import until
@@ -121,16 +121,12 @@ def _batch_ended(client, batch_id: str):
 
 
 # -- the one-node reference and the cluster run ---------------------------------------------------
-def _s3(seaweed, bucket: str, prefix: str) -> dict[str, str]:
-    return {"OPENFT_STORAGE_URL": f"s3://{bucket}/{prefix}", "OPENFT_S3_ENDPOINT_URL": seaweed.endpoint_url}
-
-
 @pytest.fixture(scope="session")
 def reference(seaweed, cluster_bucket) -> Outcome:
     """The flow on a one-node Ray that `openft serve` starts itself (SQLite, 2 CPUs), stopped
     before the cluster starts: the two never hold the machine's memory at once."""
     data_dir = SESSION_DIR / "reference"
-    env = service_env(data_dir, OPENFT_TRAIN_WORKER_RESOURCES='{"CPU": 1}', **_s3(seaweed, cluster_bucket, "reference"))
+    env = service_env(data_dir, OPENFT_TRAIN_WORKER_RESOURCES='{"CPU": 1}', **s3_settings(seaweed, cluster_bucket, "reference"))
     data_dir.mkdir()
     with serving(env, SESSION_DIR / "reference-serve.log") as service:
         outcome = run_flow(service)
@@ -140,11 +136,8 @@ def reference(seaweed, cluster_bucket) -> Outcome:
 
 @pytest.fixture(scope="module")
 def on_cluster(reference, cluster, cluster_db, seaweed, cluster_bucket):  # the reference first: session fixtures in order
-    data_dir = SESSION_DIR / "head"
-    data_dir.mkdir()
-    env = service_env(data_dir, RAY_ADDRESS=cluster.gcs_address, OPENFT_DATABASE_URL=cluster_db,
-                      OPENFT_TRAIN_WORKER_RESOURCES='{"CPU": 1, "trainer": 1}',
-                      **_s3(seaweed, cluster_bucket, "cluster"))  # fmt: skip
+    env = cluster_service_env(cluster, "cluster", cluster_db, seaweed, cluster_bucket,
+                              OPENFT_TRAIN_WORKER_RESOURCES='{"CPU": 1, "trainer": 1}')
     with serving(env, SESSION_DIR / "cluster-serve.log") as service:
         outcome = run_flow(service)
         print(f"\ncluster flow: {outcome.seconds:.0f} s")
