@@ -126,7 +126,10 @@ def cluster(seaweed):
         until(lambda: _dashboard_up(made), "the head node's dashboard", 180, interval=1)
         for name, resources in WORKERS.items():
             made.nodes[name] = _start_worker(made, name, resources, tmp, base, env)
-        until(lambda: len(made.alive()) == 1 + len(WORKERS), "the worker nodes to join", 180, interval=1)
+        try:
+            until(lambda: _joined(made), "the worker nodes to join", 300, interval=1)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n" + "\n".join(f"{n.name}: {_tail(n.log, 15)}" for n in made.nodes.values()))
         yield made
     finally:
         for node in reversed(list(made.nodes.values())):
@@ -139,6 +142,12 @@ def _dashboard_up(cluster: Cluster) -> bool:
         return bool(cluster.alive())
     except Exception:  # not answering yet
         return False
+
+
+def _joined(cluster: Cluster) -> bool:
+    for node in cluster.nodes.values():
+        assert node.process.poll() is None, f"the {node.name} node's ray start exited:\n{_tail(node.log)}"
+    return len(cluster.alive()) == len(cluster.nodes)
 
 
 def _tail(path: Path, lines: int = 40) -> str:
