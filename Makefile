@@ -22,7 +22,8 @@ test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 
 # The service on a real three-node Ray cluster (head + two worker nodes in mount namespaces of
-# their own; needs root for unshare and mount), compared with the same flow on one node (about 6 min here).
+# their own; needs root for unshare and mount), compared with the same flow on one node, then a
+# 2-worker DDP job that loses a node (about 6 min here, 7 on a busy machine).
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster tests/cluster
 
