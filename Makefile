@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-faults test-fuzz test-heavy test-vllm bench
+.PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-vllm bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
@@ -20,6 +20,12 @@ test: $(STAMP)
 # Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 11 min here).
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
+
+# The service on a real three-node Ray cluster (head + two worker nodes in mount namespaces of
+# their own; needs root for unshare and mount), compared with the same flow on one node, then a
+# 2-worker DDP job that loses a node (about 6 min here, 7 on a busy machine).
+test-cluster: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m cluster tests/cluster
 
 # The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,
 # schemathesis with more cases per operation, PostgreSQL and the admin routes (the default profile runs in make test).

@@ -77,7 +77,9 @@ def deploy_api(settings: Settings, *, host: str, port: int, name: str = "openft"
 
     from serve_app.deployment import build_app
 
-    serve.start(http_options={"host": host, "port": port})
+    # One proxy, on the head beside the replicas (openft/head_node.py): a proxy on each worker node
+    # would bind the same host:port there, which nodes sharing one address (or a firewall) refuse.
+    serve.start(proxy_location="HeadOnly", http_options={"host": host, "port": port})
     serve.run(build_app(settings), name=name, route_prefix=route_prefix, blocking=False)
     prefix = "" if route_prefix == "/" else route_prefix
     return f"http://{host}:{port}{prefix}/v1"

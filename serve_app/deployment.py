@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from ray import serve
 
+from openft.head_node import HEAD_NODE_RESOURCES
 from openft.settings import Settings
 from serve_app.app import create_app
 
@@ -27,7 +28,7 @@ from serve_app.app import create_app
 _SHUTDOWN_POLL_S = 0.2
 
 
-@serve.deployment(name="openft-api", ray_actor_options={"num_cpus": 0})
+@serve.deployment(name="openft-api", ray_actor_options={"num_cpus": 0, "resources": HEAD_NODE_RESOURCES})
 @serve.ingress()
 class OpenFTAPI:
     def __init__(self, settings: Settings):

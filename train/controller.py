@@ -45,6 +45,7 @@ from catalog.bases import get_base
 from jobs import distilling, scheduling, transitions
 from jobs.spec import JobSpec
 from merge.worker import run_pending_merges
+from openft.head_node import HEAD_NODE_RESOURCES
 from openft.settings import Settings
 from serve_app.services.distill import distill_job
 from serve_app.state import AppState
@@ -424,7 +425,7 @@ def start_controller(settings: Settings, *, name: str = CONTROLLER_NAME):
     Ray restarts it after a crash, and a restarted one reconciles and schedules at once."""
     import ray
 
-    actor_cls = ray.remote(num_cpus=0, max_concurrency=16, max_restarts=-1)(JobController)
+    actor_cls = ray.remote(num_cpus=0, resources=HEAD_NODE_RESOURCES, max_concurrency=16, max_restarts=-1)(JobController)
     return actor_cls.options(name=name, get_if_exists=False).remote(settings, loop=True)
 
 
