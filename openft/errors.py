@@ -14,6 +14,10 @@ from typing import Any
 class ServiceError(Exception):
     status: int = 500
     type: str = "server_error"
+    # Whether the same request could succeed if sent again unchanged. The official SDKs retry 408,
+    # 409, 429 and 5xx twice unless the response says `x-should-retry: false`, so a refusal a retry
+    # cannot fix (a limit, an invalid request, a conflict) says so (`retry_headers`).
+    retryable: bool = True
 
     def __init__(self, message: str, *, code: str | None = None, param: str | None = None, **extra: Any):
         super().__init__(message)
@@ -23,6 +27,10 @@ class ServiceError(Exception):
         self.extra = extra
         self.headers: dict[str, str] = {}
 
+    def retry_headers(self) -> dict[str, str]:
+        """The refusal's own headers, plus `x-should-retry: false` when a retry cannot help."""
+        return self.headers if self.retryable else {**self.headers, "x-should-retry": "false"}
+
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code, **self.extra}}
 
@@ -30,16 +38,19 @@ class ServiceError(Exception):
 class InvalidRequest(ServiceError):
     status = 400
     type = "invalid_request_error"
+    retryable = False
 
 
 class Unauthorized(ServiceError):
     status = 401
     type = "invalid_request_error"
+    retryable = False
 
 
 class NotFound(ServiceError):
     status = 404
     type = "invalid_request_error"
+    retryable = False
 
     def __init__(self, message: str, *, param: str | None = None):
         super().__init__(message, code="not_found", param=param)
@@ -48,6 +59,7 @@ class NotFound(ServiceError):
 class Conflict(ServiceError):
     status = 409
     type = "invalid_request_error"
+    retryable = False
 
 
 class RequestTimeout(ServiceError):
@@ -60,6 +72,7 @@ class RequestTimeout(ServiceError):
 class PayloadTooLarge(ServiceError):
     status = 413
     type = "invalid_request_error"
+    retryable = False
 
 
 class RateLimited(ServiceError):
@@ -73,6 +86,8 @@ class RateLimited(ServiceError):
                  code: str = "limit_exceeded", param: str | None = None, retry_after: float | None = None):
         extra = {} if limit is None else {"limit": {"limit": limit, "current": current}}
         super().__init__(message, code=code, param=param, **extra)
+        # A rate or a slot frees up after Retry-After; a cap (open jobs, files, merges a day) does not.
+        self.retryable = retry_after is not None
         if retry_after is not None:
             self.headers = {"Retry-After": str(max(1, math.ceil(retry_after))),
                             "retry-after-ms": str(max(1, math.ceil(retry_after * 1000)))}

@@ -19,21 +19,22 @@ log = logging.getLogger("openft.api")
 
 
 def _envelope(status: int, message: str, *, type_: str, code: str | None, param: str | None) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": type_, "param": param, "code": code}}, status_code=status
-    )
+    # An invalid body, an unknown route or method: the same request fails the same way again.
+    return JSONResponse({"error": {"message": message, "type": type_, "param": param, "code": code}},
+                        status_code=status, headers={"x-should-retry": "false"} if status < 500 else None)
 
 
 def error_response(exc: ServiceError, headers: dict[str, str] | None = None) -> JSONResponse:
-    """A service error as its HTTP response (also for ASGI middleware, which runs outside the handlers)."""
-    return JSONResponse(exc.body(), status_code=exc.status, headers=headers)
+    """A service error as its HTTP response (also for ASGI middleware, which runs outside the handlers),
+    with its own headers (Retry-After, `x-should-retry: false`: openft/errors.py) and `headers`."""
+    return JSONResponse(exc.body(), status_code=exc.status, headers={**exc.retry_headers(), **(headers or {})})
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     async def _service_error(_request: Request, exc: ServiceError) -> JSONResponse:
         # A refusal may carry headers of its own (Connection: close after an unread body, Retry-After).
-        return error_response(exc, exc.headers)
+        return error_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -399,6 +399,14 @@ def test_second_open_job_on_a_new_account_is_429(account):
     body = info.value.body
     assert (info.value.status_code, body["code"], body["type"]) == (429, "limit_exceeded", "rate_limit_error")
     assert body["limit"] == {"limit": 1, "current": 1}
+    assert info.value.response.headers["x-should-retry"] == "false"  # a cap: the same request fails again
+    # The official SDK obeys it: with retries on, the refusal costs one request, not three.
+    sent = []
+    retrying = openai.OpenAI(base_url=str(client.base_url), api_key=client.api_key, max_retries=2,
+                             http_client=openai.DefaultHttpxClient(event_hooks={"request": [sent.append]}))
+    with pytest.raises(openai.RateLimitError):
+        retrying.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=train)
+    assert len(sent) == 1
     assert job_ids(client) == [first.id]
     # An open job holds its files; once it ends they can be deleted.
     with pytest.raises(openai.ConflictError) as info:

@@ -100,6 +100,7 @@ def _refused(call) -> openai.RateLimitError:
 def _checked(exc: openai.RateLimitError) -> openai.RateLimitError:
     assert exc.status_code == 429 and exc.code == "rate_limit_exceeded" and exc.type == "rate_limit_error"
     assert exc.param is None
+    assert "x-should-retry" not in exc.response.headers  # a rate: retrying after Retry-After gets through
     return exc
 
 
