@@ -2,9 +2,9 @@
 
 One head node (`ray start --head`, no CPU, no training resource, dashboard on for the state API)
 and two worker nodes, each a `ray start --address ... --block` of its own inside its own mount
-namespace (`unshare --mount --propagation private`, root) with a private tmpfs over the temp
-directory, which holds the session dir: the service's data dir (and so its model cache) and every
-Ray temp dir. The nodes share only the network, the PostgreSQL on 127.0.0.1:5432 and the session's
+namespace (`unshare --mount --propagation private`, root) with a private tmpfs over the session
+dir, which holds the service's data dirs (and so their model caches), the worker nodes' Ray temp
+dirs and their TMPDIR. The nodes share only the network, the PostgreSQL on 127.0.0.1:5432 and the session's
 SeaweedFS S3 server, as the nodes of a real cluster do. A worker node's tmpfs lives only in its
 namespace, which ends with its last process: there is nothing to unmount.
 
@@ -19,7 +19,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -108,8 +107,9 @@ def ray_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def cluster(seaweed):
-    tmp = Path(tempfile.gettempdir()).resolve()
-    assert SESSION_DIR.resolve().is_relative_to(tmp), "the worker nodes' tmpfs must cover the session dir"
+    # The worker nodes' tmpfs covers the session dir (every data dir and model cache of the suite, and
+    # their Ray temp dirs and TMPDIR), not all of /tmp: a checkout, its venv or another cluster may be there.
+    tmp = SESSION_DIR.resolve()
     base = SESSION_DIR / "cluster"
     base.mkdir()
     env = ray_env()
@@ -155,7 +155,7 @@ def _tail(path: Path, lines: int = 40) -> str:
 
 
 def _start_worker(cluster: Cluster, name: str, resources: dict, tmp: Path, base: Path, env: dict) -> Node:
-    """`ray start --block` inside a mount namespace of its own with a fresh tmpfs over the temp dir.
+    """`ray start --block` inside a mount namespace of its own with a fresh tmpfs over the session dir.
     The auth token (a cluster secret, as a Kubernetes secret would be) is copied into it first."""
     import json
 
@@ -167,10 +167,11 @@ def _start_worker(cluster: Cluster, name: str, resources: dict, tmp: Path, base:
              "--disable-usage-stats", *_node_ports()]  # fmt: skip
     script = (
         'set -e; token=$(cat "$1"); shift; mount -t tmpfs -o mode=1777 "openft-$NODE" "$TMPROOT"; '
-        'mkdir -p "$(dirname "$TOKEN")"; (umask 077; printf %s "$token" > "$TOKEN"); exec "$@"'
+        'mkdir -p "$(dirname "$TOKEN")" "$TMPDIR"; (umask 077; printf %s "$token" > "$TOKEN"); exec "$@"'
     )
     log = base / f"{name}.log"  # opened before the mount: the log stays readable from here
-    node_env = {**env, "NODE": name, "TMPROOT": str(tmp), "TOKEN": token}
+    # TMPDIR: the temp files of the node's Ray workers (tempfile) stay on its own tmpfs too.
+    node_env = {**env, "NODE": name, "TMPROOT": str(tmp), "TOKEN": token, "TMPDIR": str(tmp / f"tmp-{name}")}
     process = _start(["unshare", "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script, "sh", token,
                       *start], log, node_env)  # fmt: skip
     return Node(name, process, log)
