@@ -104,10 +104,17 @@ def test_a_batch_runs_to_completed_and_a_model_deleted_mid_batch_keeps_its_copy(
     assert list(world.store.list(keys.batch_stage(batch_id))) == [] and row.stage_deleted_at is not None
 
 
+# Lines enough that the batch cannot finish between its first finished line and the cancel, however
+# fast the machine generates (60 once took about 17 s here; in another run all 60 finished before the
+# cancel landed): a cancel stops the rest, so the count costs little when generation is slow.
+MANY = 240
+
+
 @pytest.mark.heavy  # about 17 s of generation here
 def test_cancel_mid_run_stops_within_seconds_and_keeps_what_finished(world, models):
     account, (ft_a, _) = models
-    lines = [greedy(f"c-{i}", [JOB_MODEL, ft_a][i % 2], TICKETS[i % 4] + " more" * i, max_tokens=48) for i in range(60)]
+    lines = [greedy(f"c-{i}", [JOB_MODEL, ft_a][i % 2], TICKETS[i % 4] + " more" * (i % 60), max_tokens=48)
+             for i in range(MANY)]
     batch_id = submit(world, account, lines)
     thread = start(world, batch_id)
     until(lambda: world.get(batch_id).request_counts["completed"] > 0, "a finished line", timeout=300, interval=0.2)
@@ -119,8 +126,8 @@ def test_cancel_mid_run_stops_within_seconds_and_keeps_what_finished(world, mode
     row = world.get(batch_id)
     assert row.status == "cancelled" and row.cancelled_at >= row.cancelling_at
     out, errors = file_lines(world, row.output_file_id), file_lines(world, row.error_file_id)
-    assert 0 < len(out) == row.request_counts["completed"] < 60 and len(errors) == row.request_counts["failed"]
-    assert sorted(x["custom_id"] for x in out + errors) == sorted(f"c-{i}" for i in range(60))
+    assert 0 < len(out) == row.request_counts["completed"] < MANY and len(errors) == row.request_counts["failed"]
+    assert sorted(x["custom_id"] for x in out + errors) == sorted(f"c-{i}" for i in range(MANY))
     assert {e["error"]["code"] for e in errors} == {"batch_cancelled"}
 
 
@@ -129,7 +136,7 @@ def test_expiry_mid_run_keeps_what_finished(world, models):
     """The completion window ends while the batch runs (its expires_at moved to now, as the clock
     would after 24 h: tests/serve_app/test_batches_e2e.py runs a real short window)."""
     account, (ft_a, _) = models
-    lines = [greedy(f"x-{i}", ft_a, TICKETS[i % 4] + " again" * i, max_tokens=48) for i in range(60)]
+    lines = [greedy(f"x-{i}", ft_a, TICKETS[i % 4] + " again" * (i % 60), max_tokens=48) for i in range(MANY)]
     batch_id = submit(world, account, lines)
     thread = start(world, batch_id)
     until(lambda: world.get(batch_id).request_counts["completed"] > 0, "a finished line", timeout=300, interval=0.2)
@@ -139,5 +146,5 @@ def test_expiry_mid_run_keeps_what_finished(world, models):
     row = world.get(batch_id)
     assert row.status == "expired" and row.expired_at >= row.expires_at and row.cancelled_at is None
     out, errors = file_lines(world, row.output_file_id), file_lines(world, row.error_file_id)
-    assert 0 < len(out) < 60 and sorted(x["custom_id"] for x in out + errors) == sorted(f"x-{i}" for i in range(60))
+    assert 0 < len(out) < MANY and sorted(x["custom_id"] for x in out + errors) == sorted(f"x-{i}" for i in range(MANY))
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
