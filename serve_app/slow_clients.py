@@ -17,10 +17,10 @@ import time
 from typing import Any, Awaitable, Callable
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 
 from openft.errors import RequestTimeout
 from openft.settings import Settings
+from serve_app.errors import error_response
 
 Message = dict[str, Any]
 
@@ -60,8 +60,7 @@ class SlowBodyGuard:
             # Too late for a status: end the response short, which closes the connection.
             raise RuntimeError("request body timed out after the response started")
         error = RequestTimeout(body.cut_off, code="request_timeout")
-        response = JSONResponse(error.body(), status_code=error.status, headers={"connection": "close"})
-        await response(scope, receive, send)
+        await error_response(error, {"connection": "close"})(scope, receive, send)
 
 
 class _Body:
