@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-vllm bench
+.PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
@@ -26,6 +26,12 @@ test-faults: $(STAMP)
 # 2-worker DDP job that loses a node (about 6 min here, 7 on a busy machine).
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster tests/cluster
+
+# People's tools against one running `openft serve` on a Ray cluster of its own: the web dashboard in
+# Debian's headless Chromium (Playwright), the user CLI in a real terminal, the examples/ notebooks
+# in a Jupyter kernel, the Ray dashboard's state API and metrics. Screenshots go to build/e2e/.
+test-e2e: $(STAMP)
+	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
 
 # The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,
 # schemathesis with more cases per operation, PostgreSQL and the admin routes (the default profile runs in make test).

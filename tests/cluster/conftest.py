@@ -14,23 +14,18 @@ raylet and workers in the group of `ray start`), never by name: other Ray cluste
 
 from __future__ import annotations
 
-import os
-import shutil
-import signal
 import subprocess
 import sys
-import threading
-import time
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.conftest import RATE_LIMITS_OFF, SESSION_DIR, _new_pg_database, free_port
+from tests.conftest import SESSION_DIR, _new_pg_database, free_port
 from tests.utils.polling import until
+from tests.utils.service import Service, _kill_group, _start, _tail, ray_env, s3_settings, service_env, serving  # noqa: F401
 
 RAY = str(Path(sys.executable).with_name("ray"))
 # Each worker node: two logical CPUs on the machine's two cores (a train worker and the Ray Data
@@ -83,28 +78,6 @@ def _node_ports() -> list[str]:
                   "dashboard-agent-grpc-port", "runtime-env-agent-port", "metrics-export-port")  # fmt: skip
 
 
-def _kill_group(process: subprocess.Popen) -> None:
-    try:
-        os.killpg(process.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    process.wait(timeout=60)
-
-
-def _start(cmd: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen:
-    with open(log, "wb") as out:
-        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True)  # fmt: skip
-
-
-def ray_env() -> dict[str, str]:
-    """What every process of the cluster inherits: Ray's token auth (tests/conftest.py prepared the
-    token) and the S3 credentials (the `seaweed` fixture), nothing of any other Ray cluster."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "OPENFT_"))}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=os.environ["RAY_AUTH_TOKEN_PATH"], RAY_USAGE_STATS_ENABLED="0")
-    return env
-
-
 @pytest.fixture(scope="session")
 def cluster(seaweed):
     # The worker nodes' tmpfs covers the session dir (every data dir and model cache of the suite, and
@@ -150,10 +123,6 @@ def _joined(cluster: Cluster) -> bool:
     return len(cluster.alive()) == len(cluster.nodes)
 
 
-def _tail(path: Path, lines: int = 40) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-
-
 def _start_worker(cluster: Cluster, name: str, resources: dict, tmp: Path, base: Path, env: dict) -> Node:
     """`ray start --block` inside a mount namespace of its own with a fresh tmpfs over the session dir.
     The auth token (a cluster secret, as a Kubernetes secret would be) is copied into it first."""
@@ -184,38 +153,6 @@ def cluster_bucket(seaweed) -> str:
     return bucket
 
 
-# -- `openft serve` ------------------------------------------------------------------------------
-@dataclass
-class Service:
-    env: dict[str, str]
-    base_url: str
-    process: subprocess.Popen
-    log: Path
-
-    def openft(self, *args: str) -> str:
-        return subprocess.run([sys.executable, "-m", "entrypoints.cli", *args], env=self.env, capture_output=True,
-                              text=True, timeout=180, check=True).stdout  # fmt: skip
-
-    def new_key(self) -> str:
-        name = f"acct-{uuid.uuid4().hex[:8]}"
-        return self.openft("accounts", "create", name, "--open-jobs", "3").strip().splitlines()[-1]
-
-
-def service_env(data_dir: Path, **settings: str) -> dict[str, str]:
-    """`openft serve`'s environment: stand-in bases, quick controller passes, rate limits off, every
-    upload above 1 KiB validated by Ray Data (so that validation runs on the cluster)."""
-    env = ray_env()
-    env.update(OPENFT_DATA_DIR=str(data_dir), OPENFT_MODEL_SOURCE="standin", OPENFT_CONTROLLER_POLL_SECONDS="0.5",
-               OPENFT_VALIDATE_RAY_THRESHOLD_BYTES="1024",
-               **{f"OPENFT_{k.upper()}": str(v) for k, v in RATE_LIMITS_OFF.items()})  # fmt: skip
-    env.update(settings)
-    return env
-
-
-def s3_settings(seaweed, bucket: str, prefix: str) -> dict[str, str]:
-    return {"OPENFT_STORAGE_URL": f"s3://{bucket}/{prefix}", "OPENFT_S3_ENDPOINT_URL": seaweed.endpoint_url}
-
-
 def cluster_service_env(cluster: Cluster, name: str, database_url: str, seaweed, bucket: str, **settings: str) -> dict:
     """`openft serve` on the head of `cluster`: PostgreSQL, S3 under `name`/, a data dir of its own
 (the same path on every node: each worker node's tmpfs gives it an empty one)."""
@@ -223,43 +160,6 @@ def cluster_service_env(cluster: Cluster, name: str, database_url: str, seaweed,
     data_dir.mkdir()
     return service_env(data_dir, RAY_ADDRESS=cluster.gcs_address, OPENFT_DATABASE_URL=database_url,
                        **s3_settings(seaweed, bucket, name), **settings)  # fmt: skip
-
-
-@contextmanager
-def serving(env: dict[str, str], log: Path):
-    """`openft serve` in a process group of its own; stopped by SIGTERM, then its group is killed
-    (with a local Ray, started by it, in the same group)."""
-    port = free_port()
-    out = open(log, "w")
-    process = subprocess.Popen([sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(port)], env=env,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
-        base_url = _wait_for_api(process, out)
-        yield Service(env, base_url, process, log)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
-        _kill_group(process)
-        out.close()
-
-
-def _wait_for_api(process: subprocess.Popen, out) -> str:
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        line = process.stdout.readline()
-        if not line:
-            out.flush()
-            raise AssertionError(f"openft serve exited; its output is in {out.name}")
-        out.write(line)
-        if line.startswith("openft API:"):
-            # Keep copying its output, so that the pipe never fills and blocks the server.
-            threading.Thread(target=shutil.copyfileobj, args=(process.stdout, out), daemon=True).start()
-            return line.split(": ", 1)[1].strip()
-    raise AssertionError("openft serve did not start within 300 s")
 
 
 @pytest.fixture(scope="session")
