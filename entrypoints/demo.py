@@ -24,6 +24,7 @@ BASE = "qwen2.5-0.5b-instruct"
 
 
 def _answer(model, tokenizer, ticket: str) -> str:
+    """What the model generated after the ticket, as it generated it (whitespace kept)."""
     import torch
 
     messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": ticket}]
@@ -31,15 +32,28 @@ def _answer(model, tokenizer, ticket: str) -> str:
     ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False)
     with torch.no_grad():
         out = model.generate(**ids, max_new_tokens=6, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
-    return (text.strip().split() or [""])[0]
+    return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+
+
+def _label(answer: str) -> str:
+    """The answer's first word, the label the model chose."""
+    return (answer.strip().split() or [""])[0]
+
+
+def _shown(answer: str, width: int) -> str:
+    """The answer for the table: its label, or, when it has no word at all (an untrained base
+    answers newlines), the raw text with its whitespace escaped, so the column says what it said."""
+    text = _label(answer) or repr(answer)
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _follow(client, job_id: str) -> object:
+    """Print the job's events; a progress bar from the first metrics event on, when the total of
+    steps is known (a bar made before it would start at 0/1 and then jump)."""
     from tqdm import tqdm
 
     seen: set[str] = set()
-    bar = tqdm(total=1, desc="training", unit="step")
+    bar = None
     while True:
         job = client.fine_tuning.jobs.retrieve(job_id)
         events = list(client.fine_tuning.jobs.list_events(job_id, limit=100))
@@ -49,14 +63,15 @@ def _follow(client, job_id: str) -> object:
             seen.add(event.id)
             data = event.data or {}
             if event.type == "metrics" and "total_steps" in data:
-                bar.total = data["total_steps"]
-                bar.n = data["step"]
-                bar.set_postfix(loss=f"{data.get('train_loss', float('nan')):.3f}")
-                bar.refresh()
+                if bar is None:
+                    bar = tqdm(total=data["total_steps"], desc="training", unit="step", dynamic_ncols=True)
+                bar.update(data["step"] - bar.n)
+                bar.set_postfix(loss=f"{data.get('train_loss', float('nan')):.3f}", refresh=True)
             else:
                 tqdm.write(f"[{event.level}] {event.message}")
         if job.status in ("succeeded", "failed", "cancelled"):
-            bar.close()
+            if bar is not None:
+                bar.close()
             return job
         time.sleep(1.0)
 
@@ -65,8 +80,13 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
     from entrypoints.ray_runtime import prepare_ray_environment
 
     prepare_ray_environment(settings)
-    from entrypoints.ray_runtime import deploy_api, start_ray, stop_serving
+    from entrypoints import third_party_noise
+
+    third_party_noise.quiet_demo()
+    from entrypoints.ray_runtime import deploy_api, start_ray
     from train.controller import start_controller
+
+    import ray
 
     context = start_ray(settings, num_cpus=None)
     try:
@@ -77,7 +97,10 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
             print(f"Ray dashboard: http://{context.dashboard_url} (token in {settings.data_dir / 'ray_auth_token'})")
         return _demo(settings, base_url)
     finally:
-        stop_serving(settings)
+        # No request is in flight here, so no grace to give: ray.shutdown() stops the whole local
+        # cluster. serve.shutdown() first would kill Serve's controller while its graceful_shutdown
+        # call is being retried, and Ray prints that retry's failure ("graceful_shutdown failed").
+        ray.shutdown()
 
 
 def _demo(settings: Settings, base_url: str) -> int:
@@ -113,31 +136,35 @@ def _demo(settings: Settings, base_url: str) -> int:
 
 
 def _compare(client, settings: Settings, model_name: str, held_out: list[tuple[str, str]]) -> int:
+    with tempfile.TemporaryDirectory(prefix="openft-adapter-") as tmp:
+        return _compare_with(client, settings, model_name, held_out, Path(tmp))
+
+
+def _compare_with(client, settings: Settings, model_name: str, held_out: list[tuple[str, str]], adapter_dir: Path) -> int:
     from peft import PeftModel
 
     from catalog.bases import get_base
     from catalog.model_source import load_model, load_tokenizer, parse_model_source
 
-    adapter_dir = Path(tempfile.mkdtemp(prefix="openft-adapter-"))
     for name in ("adapter_model.safetensors", "adapter_config.json"):
         response = httpx.get(f"{client.base_url}gridline/adapters/{model_name}/files/{name}",
                              headers={"Authorization": f"Bearer {client.api_key}"})
         response.raise_for_status()
         assert response.headers["x-gridline-sha256"] == hashlib.sha256(response.content).hexdigest()
         (adapter_dir / name).write_bytes(response.content)
-    print(f"downloaded the adapter of {model_name} to {adapter_dir} (SHA-256 checked)")
+    print(f"downloaded the adapter of {model_name} to {adapter_dir} (SHA-256 checked; removed when the demo ends)")
     base = get_base(BASE)
     source = parse_model_source(settings.model_source)
     tokenizer = load_tokenizer(base, source, settings.model_cache_dir)
     plain = load_model(base, source, settings.model_cache_dir).eval()
     tuned = PeftModel.from_pretrained(load_model(base, source, settings.model_cache_dir), adapter_dir).eval()
     right = {"base": 0, "tuned": 0}
-    print(f"\n{'held-out ticket':<58} {'label':<9} {'base':<10} fine-tuned")
+    print(f"\n{'held-out ticket':<58} {'label':<9} {'base answered':<16} fine-tuned answered")
     for ticket, label in held_out:
         a, b = _answer(plain, tokenizer, ticket), _answer(tuned, tokenizer, ticket)
-        right["base"] += a == label
-        right["tuned"] += b == label
-        print(f"{ticket[:56]:<58} {label:<9} {a[:9]:<10} {b}")
+        right["base"] += _label(a) == label
+        right["tuned"] += _label(b) == label
+        print(f"{ticket[:56]:<58} {label:<9} {_shown(a, 15):<16} {_shown(b, 20)}")
     n = len(held_out)
     print(f"\naccuracy on {n} held-out tickets: base {right['base']}/{n}, fine-tuned {right['tuned']}/{n}")
     return 0

@@ -68,6 +68,11 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
         dashboard_host=host,
         _temp_dir=str(temp_dir),
         log_to_driver=False,
+        # Most of a local node's worker processes are long-lived actors (Serve's controller, proxy
+        # and replicas, the job controller, Train's controller and workers, Ray Data's actors), about
+        # ten on a laptop. Ray expects at most 4x its startup concurrency (the CPU count, so 8 on two
+        # cores) and otherwise prints a warning meant for runaway task fan-out.
+        _system_config={"worker_maximum_startup_concurrency": max(4, num_cpus or os.cpu_count() or 1)},
     )
 
 

@@ -36,8 +36,9 @@ class JobSpec:
     # The distill shortcut's record (results file, requests file, the files it made), when used.
     derived_from: dict[str, Any] | None = None
 
-    def hyperparameters_wire(self) -> dict[str, Any]:
-        """The job object's `hyperparameters`: OpenAI's three fields, then ours."""
+    def hyperparameters_wire(self, method: bool = False) -> dict[str, Any]:
+        """The job object's `hyperparameters`: OpenAI's three fields, then ours. `beta` only in
+        `method.dpo.hyperparameters` (`method=True`): OpenAI's top-level object has no such field."""
         wire: dict[str, Any] = {
             "n_epochs": self.n_epochs,
             "batch_size": self.batch_size,
@@ -47,14 +48,14 @@ class JobSpec:
             "lora_alpha": self.lora_alpha,
             "max_seq_length": self.max_seq_length,
         }
-        if self.method_type == "dpo":
+        if method and self.method_type == "dpo":
             wire["beta"] = self.beta
         return wire
 
     def method_wire(self) -> dict[str, Any]:
         return {
             "type": self.method_type,
-            self.method_type: {"hyperparameters": self.hyperparameters_wire(), "adapter": self.adapter},
+            self.method_type: {"hyperparameters": self.hyperparameters_wire(method=True), "adapter": self.adapter},
         }
 
     def with_derived(self, derived: dict[str, Any]) -> "JobSpec":

@@ -185,6 +185,9 @@ def test_dpo_wire_validates_as_the_sdk_job():
     assert job.method.dpo.hyperparameters.beta == 0.1
     assert job.method.dpo.hyperparameters.learning_rate_multiplier is None
     assert job.method.dpo.hyperparameters.learning_rate == 1e-7
+    # beta lives only where OpenAI puts it: the top-level hyperparameters object has no such field.
+    assert "beta" not in job_object(job_spec)["hyperparameters"]
+    assert "beta" not in job.hyperparameters.model_dump(exclude_unset=True)
 
 
 # --- values and defaults -----------------------------------------------------------------------

@@ -140,6 +140,7 @@ def test_gridline_examples(api, examples):
     )
     assert_quote_complete(job, examples, eval_rows=1, gpu=48)
     assert job.method.type == "dpo" and job.method.dpo.hyperparameters.beta == 0.1
+    assert "beta" not in job.hyperparameters.model_dump(exclude_unset=True)  # only under method.dpo
 
     # The curl example, as the same JSON over plain HTTP.
     response = httpx.post(
