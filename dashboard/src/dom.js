@@ -41,9 +41,24 @@ export function facts(obj, label) {
     entries.map(([k, v]) => [h("dt", {}, k), h("dd", {}, typeof v === "object" ? JSON.stringify(v) : String(v))]));
 }
 
-/** `key` names the button across refreshes (see `replace`). */
+/** A refused action (a download, a merge), said outside the views, which refresh every few seconds. */
+export function say(message) {
+  const notice = document.getElementById("notice");
+  notice.textContent = message ?? "";
+  notice.hidden = !message;
+}
+
+/** `key` names the button across refreshes (see `replace`); a failed `onclick` is said. */
 export function button(label, onclick, key, attrs = {}) {
-  return h("button", { type: "button", onclick, "data-key": key ?? label, ...attrs }, label);
+  const run = async (event) => {
+    say(null);
+    try {
+      await onclick(event);
+    } catch (e) {
+      say(`${label}: ${e.message}`);
+    }
+  };
+  return h("button", { type: "button", onclick: run, "data-key": key ?? label, ...attrs }, label);
 }
 
 const keyOf = (el) => el?.dataset?.key ?? el?.getAttribute?.("href") ?? null;

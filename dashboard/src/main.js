@@ -2,7 +2,7 @@
 // and the refresh loop each view runs while it is on screen.
 import "./style.css";
 import { ApiError, get, session } from "./api.js";
-import { button, h } from "./dom.js";
+import { h, say } from "./dom.js";
 import { batchesView } from "./views/batches.js";
 import { filesView } from "./views/files.js";
 import { jobView } from "./views/job.js";
@@ -92,6 +92,7 @@ function live(root, draw) {
 /** `focus`: move focus to the new view (after a navigation; a fresh load starts at the top). */
 function route(focus = false) {
   generation += 1;
+  say(null);
   if (!session.key()) return signOut();
   nav.hidden = signOutButton.hidden = false;
   for (const a of nav.querySelectorAll("a")) {

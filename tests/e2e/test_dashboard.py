@@ -107,7 +107,7 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
 
     # Models: the adapter downloads the same bytes as the API, and a merge is started and followed.
     done = mine.fine_tuning.jobs.retrieve(job.id)
-    page.get_by_role("link", name="Models").click()
+    page.get_by_role("navigation").get_by_role("link", name="Models").click()
     with page.expect_download() as got:
         page.get_by_role("button", name="Download adapter_config.json").first.click()
     api_bytes = httpx.get(f"{people_service.base_url}/gridline/adapters/{done.fine_tuned_model}/files/adapter_config.json",
@@ -115,7 +115,7 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     assert Path(got.value.path()).read_bytes() == api_bytes and got.value.suggested_filename == "adapter_config.json"
     page.get_by_role("button", name="Merge into base").click()
     page.get_by_text("Merged:").wait_for(timeout=120_000)
-    page.get_by_role("link", name="Batches").click()
+    page.get_by_role("navigation").get_by_role("link", name="Batches").click()
     page.get_by_text("No batches yet").wait_for()
 
     # Another account's job by its URL: not found, as the API answers that key.

@@ -1,32 +1,29 @@
 // The account's fine-tuning jobs: status, quote, charge, and each open job's latest event, live.
 import { all, get } from "../api.js";
-import { h, replace, num, statusBadge, table, usd, when } from "../dom.js";
+import { h, num, statusBadge, usd, when } from "../dom.js";
+import { listView } from "./list.js";
 
 const OPEN = new Set(["validating_files", "queued", "running", "paused"]);
 
-export function jobsView(root, { live }) {
-  const body = h("div", {}, h("p", { class: "empty" }, "Loading jobs…"));
-  root.append(h("h1", {}, "Fine-tuning jobs"), body);
-  live(async (current) => {
-    const jobs = await all("fine_tuning/jobs", 200);
-    // The latest event of open jobs only: an ended job's story is on its own page.
-    const latest = await Promise.all(jobs.map((j) => (OPEN.has(j.status)
-      ? get(`fine_tuning/jobs/${j.id}/events?limit=1`).then((p) => p.data[0]?.message ?? "") : j.error?.message ?? "")));
-    if (!current()) return false;
-    replace(body, table("Your jobs, newest first", ["Job", "Status", "Model", "Created", "Quote (max)", "Charge", "Latest"],
-      jobs.map((j, i) => [
-        h("a", { href: `#/jobs/${j.id}` }, j.id),
-        statusBadge(j.status),
-        j.fine_tuned_model ?? j.model,
-        when(j.created_at),
-        quoteCell(j.gridline.quote),
-        j.gridline.charge ? `${usd(j.gridline.charge.usd)} (${j.gridline.charge.basis})` : "—",
-        latest[i] || j.gridline.reason || "",
-      ]), "No jobs yet. Create one with the SDK: client.fine_tuning.jobs.create(...)"));
-  });
+async function jobsWithLatest() {
+  const jobs = await all("fine_tuning/jobs", 200);
+  // The latest event of open jobs only: an ended job's story is on its own page.
+  return Promise.all(jobs.map(async (job) => ({ job, latest: OPEN.has(job.status)
+    ? (await get(`fine_tuning/jobs/${job.id}/events?limit=1`)).data[0]?.message ?? "" : job.error?.message ?? "" })));
 }
 
 export function quoteCell(quote) {
   if (!quote || !quote.per_token) return "—";
   return `${usd(quote.per_token.max_charge_usd)} · ≤${num(quote.training_tokens_upper_bound)} tokens`;
+}
+
+export function jobsView(root, { live }) {
+  listView(root, live, {
+    title: "Fine-tuning jobs", load: jobsWithLatest, caption: "Your jobs, newest first",
+    head: ["Job", "Status", "Model", "Created", "Quote (max)", "Charge", "Latest"],
+    row: ({ job: j, latest }) => [h("a", { href: `#/jobs/${j.id}` }, j.id), statusBadge(j.status), j.fine_tuned_model ?? j.model,
+      when(j.created_at), quoteCell(j.gridline.quote),
+      j.gridline.charge ? `${usd(j.gridline.charge.usd)} (${j.gridline.charge.basis})` : "—", latest || j.gridline.reason || ""],
+    empty: "No jobs yet. Create one with the SDK: client.fine_tuning.jobs.create(...)",
+  });
 }

@@ -16,10 +16,7 @@ async function mergeOf(model) {
 }
 
 function mergeCell(model, merge) {
-  // The view's next refresh shows the merge's status; a refusal is said beside the button.
-  const start = (event) => post(merged(model)).catch((e) => {
-    event.target.after(h("span", { class: "error", role: "alert" }, ` ${e.message}`));
-  });
+  const start = () => post(merged(model)); // the view's next refresh shows the merge's status
   if (!merge || merge.status === "expired") {
     return h("span", {}, merge ? "Export expired. " : "Not merged. ", button("Merge into base", start, `merge/${model}`));
   }
@@ -27,8 +24,9 @@ function mergeCell(model, merge) {
     return h("span", {}, `Failed: ${merge.error?.code ?? ""} `, button("Merge again", start, `merge/${model}`));
   }
   if (merge.status !== "succeeded") return h("span", {}, `Merge ${merge.status}…`);
-  return h("details", {}, h("summary", {}, `Merged: ${merge.files.length} files, until ${when(merge.expires_at)}`),
-    h("ul", {}, merge.files.map((f) => h("li", {}, button(`Download ${f.path}`,
+  // A plain list, not <details>: a refresh would close a disclosure the person opened.
+  return h("div", {}, `Merged: ${merge.files.length} files, until ${when(merge.expires_at)}`,
+    h("ul", { class: "merged" }, merge.files.map((f) => h("li", {}, button(`Download ${f.path}`,
       () => download(`${merged(model)}/files/${f.path.split("/").map(encodeURIComponent).join("/")}`, f.path.split("/").at(-1)),
       `${model}/merged/${f.path}`)))));
 }
