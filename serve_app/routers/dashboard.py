@@ -30,7 +30,8 @@ _NOT_BUILT = """<!doctype html><html lang="en"><meta charset="utf-8"><title>open
 <h1>The dashboard is not built</h1>
 <p>This install has no dashboard bundle. In the source checkout run <code>make dashboard</code>
 (or <code>cd dashboard &amp;&amp; npm ci &amp;&amp; npm run build</code>; Node.js 20.19 or newer), then
-reinstall or restart <code>openft serve</code>. The API under <code>/v1</code> works without it.</p></html>"""
+reload this page (an editable install serves the new bundle at once; a wheel must be rebuilt and
+reinstalled). The API under <code>/v1</code> works without it.</p></html>"""
 
 
 def router_for(static: Path = STATIC) -> APIRouter:
