@@ -2,7 +2,7 @@
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench
+.PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
 
 $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
@@ -10,11 +10,19 @@ $(STAMP): pyproject.toml
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-demo: $(STAMP)
+# The web dashboard (served at /dashboard/): rebuilt when its bundle is missing or older than its sources.
+DASHBOARD := serve_app/dashboard_static/index.html
+$(DASHBOARD): dashboard/package.json dashboard/package-lock.json dashboard/vite.config.js dashboard/index.html $(wildcard dashboard/src/*.* dashboard/src/*/*.*)
+	cd dashboard && npm ci --no-audit --no-fund && npm run build
+	touch $(DASHBOARD)
+
+dashboard: $(DASHBOARD)
+
+demo: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/openft demo
 
 # Everything that needs no GPU and no fault injection: real Ray, SQLite, PostgreSQL, SeaweedFS, the SDK.
-test: $(STAMP)
+test: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/python -m pytest -q
 
 # Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 11 min here).
@@ -30,7 +38,7 @@ test-cluster: $(STAMP)
 # People's tools against one running `openft serve` on a Ray cluster of its own: the web dashboard in
 # Debian's headless Chromium (Playwright), the user CLI in a real terminal, the examples/ notebooks
 # in a Jupyter kernel, the Ray dashboard's state API and metrics. Screenshots go to build/e2e/.
-test-e2e: $(STAMP)
+test-e2e: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
 
 # The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,

@@ -14,6 +14,7 @@ from serve_app.request_body import BodyLimit
 from serve_app.request_params import refuse_nul_params
 from serve_app.routers import adapters, admin, api_docs, files, fine_tuning_jobs, models
 from serve_app.routers import batches  # -- batches (issue 13) --
+from serve_app.routers import dashboard  # -- web dashboard (issue 16) --
 from serve_app.services.retention import reap_once
 from serve_app.slow_clients import install_slow_body_guard
 from serve_app.state import AppState
@@ -55,6 +56,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(admin.router, include_in_schema=bool(settings.admin_key))
     app.include_router(v1)
     app.include_router(api_docs.router, dependencies=api_docs.access(settings))
+    app.include_router(dashboard.router_for())  # static page; its API calls carry the key
     # Starlette runs the middleware added last outermost: the slow-body guard wraps BodyLimit, so
     # the reads BodyLimit makes (it reads bounded JSON bodies whole) are timed too.
     app.add_middleware(BodyLimit, routes=app.router.routes)

@@ -1,0 +1,136 @@
+"""The web dashboard (GET /dashboard/) in Debian's headless Chromium, driven by Playwright, against
+the suite's one `openft serve`: a wrong key is refused on the page, the right one signs in, a small
+stand-in job is followed to `succeeded` with its loss chart holding one point per reported step,
+the sections are reached by keyboard, an unreachable API is said, and another account's objects
+never appear. Screenshots of the jobs list and the job's chart go to build/e2e/."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import httpx
+
+import pytest
+
+from openft.demo_data import ticket_splits, tickets_jsonl
+
+pytestmark = pytest.mark.e2e
+
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]  # fmt: skip
+METHOD = {"type": "supervised", "supervised": {"adapter": "lora", "hyperparameters": {
+    "n_epochs": 1, "batch_size": 1, "learning_rate": 1e-3}}}
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        chromium = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        yield chromium
+        chromium.close()
+
+
+def upload(client, rows):
+    return client.files.create(file=("tickets.jsonl", io.BytesIO(tickets_jsonl(rows))), purpose="fine-tune")
+
+
+def sign_in(page, url: str, key: str) -> None:
+    page.goto(url)
+    page.get_by_label("API key").fill(key)
+    page.get_by_role("button", name="Sign in").click()
+
+
+def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_service, browser, artifacts):
+    rows, _ = ticket_splits()
+    mine, other = people_service.client(key := people_service.new_key()), people_service.client(people_service.new_key())
+    file = upload(mine, rows[:24])
+    job = mine.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=file.id, method=METHOD, seed=0)
+    theirs_file = upload(other, rows[:12])
+    theirs = other.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=theirs_file.id, method=METHOD)
+    other.fine_tuning.jobs.cancel(theirs.id)  # it exists, in another account; it need not train
+    url = people_service.base_url.removesuffix("/v1") + "/dashboard"
+
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []  # CSP violations and script errors land in the console
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+
+    # A wrong key: said on the page, nothing kept.
+    sign_in(page, url, "sk-wrong")
+    page.get_by_text("That key was refused").wait_for()
+    assert page.evaluate("sessionStorage.length") == 0
+    problems.clear()  # the browser logs the 401 itself
+    page.get_by_label("API key").fill(key)
+    page.get_by_label("API key").press("Enter")
+    page.get_by_role("link", name=job.id).wait_for()
+    assert "sk-" not in page.url and page.evaluate("Object.values(sessionStorage)") == [key]
+    assert page.get_by_text(theirs.id).count() == 0
+
+    # By keyboard, from a fresh load: skip link first, then the sections in order; Enter follows the focused link.
+    page.reload()
+    page.get_by_role("link", name=job.id).wait_for()
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Skip to content"
+    names = []
+    for _ in range(5):
+        page.keyboard.press("Tab")
+        names.append(page.evaluate("document.activeElement.textContent"))
+    assert names == ["Jobs", "Files", "Models", "Batches", "Sign out"]
+    assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"  # focus is visible
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Shift+Tab")
+    page.keyboard.press("Enter")  # Files
+    row = page.get_by_role("row").filter(has=page.get_by_text(file.id))
+    row.wait_for()
+    assert row.get_by_role("cell").nth(5).text_content() == "24"  # rows, as validation counted them
+    assert page.get_by_text(theirs_file.id).count() == 0
+
+    page.goto(f"{url}/#/jobs")
+    link = page.get_by_role("link", name=job.id)
+    link.focus()
+    page.keyboard.press("Enter")
+    page.locator('h1 [data-status="succeeded"]').wait_for(timeout=170_000)
+    chart = page.locator("#loss-chart")
+    api_events = list(mine.fine_tuning.jobs.list_events(job.id, limit=100))
+    steps = {e.data["step"] for e in api_events if e.type == "metrics" and e.data and "step" in e.data}
+    assert len(steps) >= 2  # batch 1 over 24 rows: steps 10, 20 and 24
+    page.wait_for_function("n => document.querySelector('#loss-chart').dataset.trainPoints === String(n)", arg=len(steps))
+    assert chart.get_attribute("data-eval-points") == "2"  # before and after training, from gridline.result
+    assert page.locator('#loss-table tr[data-series="train"]').count() == len(steps)
+    assert page.locator("#events li").count() == len(api_events)
+    assert page.get_by_text("Download adapter_model.safetensors").count() >= 1  # the checkpoints' adapters
+    page.locator("section[aria-labelledby=h-loss]").screenshot(path=str(artifacts / "dashboard-loss-chart.png"))
+
+    # Models: the adapter downloads the same bytes as the API, and a merge is started and followed.
+    done = mine.fine_tuning.jobs.retrieve(job.id)
+    page.get_by_role("navigation").get_by_role("link", name="Models").click()
+    with page.expect_download() as got:
+        page.get_by_role("button", name="Download adapter_config.json").first.click()
+    api_bytes = httpx.get(f"{people_service.base_url}/gridline/adapters/{done.fine_tuned_model}/files/adapter_config.json",
+                          headers={"Authorization": f"Bearer {key}"}).content
+    assert Path(got.value.path()).read_bytes() == api_bytes and got.value.suggested_filename == "adapter_config.json"
+    page.get_by_role("button", name="Merge into base").click()
+    page.get_by_text("Merged:").wait_for(timeout=120_000)
+    page.get_by_role("navigation").get_by_role("link", name="Batches").click()
+    page.get_by_text("No batches yet").wait_for()
+
+    # Another account's job by its URL: not found, as the API answers that key.
+    page.goto(f"{url}/#/jobs/{theirs.id}")
+    page.get_by_role("alert").filter(has_text="No such fine-tuning job").wait_for()
+    problems = [p for p in problems if "404" not in p]  # the browser logs the refused request itself
+
+    # An unreachable API is said, and the page recovers when it answers again.
+    page.goto(f"{url}/#/jobs")
+    page.get_by_role("link", name=job.id).wait_for()
+    page.route("**/v1/**", lambda route: route.abort())
+    page.get_by_text("did not answer").wait_for()
+    page.unroute("**/v1/**")
+    page.locator("#banner").wait_for(state="hidden")
+    problems = [p for p in problems if "ERR_FAILED" not in p]
+    page.screenshot(path=str(artifacts / "dashboard-jobs.png"), full_page=True)
+    assert page.get_by_text(theirs.id).count() == 0 and problems == []
+    page.close()
