@@ -27,13 +27,16 @@ def list_endpoints(session: Session, account_id: str, *, limit: int,
                    after: str | None) -> tuple[Sequence[WebhookEndpoint], bool]:
     """Newest first; `after` is the id of the last endpoint of the previous page."""
     query = select(WebhookEndpoint).where(WebhookEndpoint.account_id == account_id)
-    if after:
-        cursor = get_endpoint(session, account_id, after)
-        if cursor is not None:
-            query = query.where((WebhookEndpoint.created_ns < cursor.created_ns)
-                                | ((WebhookEndpoint.created_ns == cursor.created_ns) & (WebhookEndpoint.id < cursor.id)))
-    rows = session.scalars(query.order_by(WebhookEndpoint.created_ns.desc(), WebhookEndpoint.id.desc())
-                           .limit(limit + 1)).all()
+    cursor = get_endpoint(session, account_id, after) if after else None
+    return _newest_first(session, query, WebhookEndpoint, cursor, limit)
+
+
+def _newest_first(session: Session, query, model, cursor, limit: int) -> tuple[Sequence, bool]:
+    """A page of `query` newest first (created_ns, then id), after the row `cursor` when given."""
+    if cursor is not None:
+        query = query.where((model.created_ns < cursor.created_ns)
+                            | ((model.created_ns == cursor.created_ns) & (model.id < cursor.id)))
+    rows = session.scalars(query.order_by(model.created_ns.desc(), model.id.desc()).limit(limit + 1)).all()
     return rows[:limit], len(rows) > limit
 
 
@@ -123,18 +126,11 @@ def list_deliveries(session: Session, endpoint_id: str, *, limit: int,
                     after: str | None) -> tuple[list[tuple[WebhookDelivery, list[WebhookAttempt]]], bool]:
     """An endpoint's deliveries, newest first, each with its attempts in order (the caller checked the owner)."""
     query = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint_id)
-    if after:
-        cursor = session.scalar(select(WebhookDelivery).where(WebhookDelivery.id == after,
-                                                              WebhookDelivery.endpoint_id == endpoint_id))
-        if cursor is not None:
-            query = query.where((WebhookDelivery.created_ns < cursor.created_ns)
-                                | ((WebhookDelivery.created_ns == cursor.created_ns) & (WebhookDelivery.id < cursor.id)))
-    rows = session.scalars(query.order_by(WebhookDelivery.created_ns.desc(), WebhookDelivery.id.desc())
-                           .limit(limit + 1)).all()
-    page = rows[:limit]
+    cursor = session.scalar(query.where(WebhookDelivery.id == after)) if after else None
+    page, has_more = _newest_first(session, query, WebhookDelivery, cursor, limit)
     attempts: dict[str, list[WebhookAttempt]] = {row.id: [] for row in page}
     if page:
         for attempt in session.scalars(select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(list(attempts)))
                                        .order_by(WebhookAttempt.delivery_id, WebhookAttempt.attempt)):
             attempts[attempt.delivery_id].append(attempt)
-    return [(row, attempts[row.id]) for row in page], len(rows) > limit
+    return [(row, attempts[row.id]) for row in page], has_more

@@ -26,7 +26,7 @@ from serve_app.schemas.webhooks import (
     WebhookEndpointWithSecret,
     WebhookEventTypeList,
 )
-from serve_app.services.paging import check_limit
+from serve_app.services.paging import check_limit, page_of
 from serve_app.state import AppState
 from storage import webhooks as repo
 from storage.models import Account
@@ -139,8 +139,7 @@ def list_endpoints(state: AppState, account: Account, *, limit: int, after: str 
     with state.db.session() as session:
         rows, has_more = repo.list_endpoints(session, account.id, limit=limit, after=after)
         data = [endpoint_object(r) for r in rows]
-    return Page[WebhookEndpoint](data=data, has_more=has_more, first_id=data[0].id if data else None,
-                                 last_id=data[-1].id if data else None)
+    return page_of(data, has_more)
 
 
 def update_endpoint(state: AppState, account: Account, endpoint_id: str, body: dict) -> WebhookEndpoint:
@@ -224,5 +223,4 @@ def list_deliveries(state: AppState, account: Account, endpoint_id: str, *, limi
             attempt_log=[WebhookAttempt(attempt=a.attempt, started_at=a.started_at, duration_ms=a.duration_ms,
                                         status_code=a.status_code, error=a.error, next_attempt_at=a.next_attempt_at)
                          for a in attempts]) for d, attempts in rows]
-    return Page[WebhookDelivery](data=data, has_more=has_more, first_id=data[0].id if data else None,
-                                 last_id=data[-1].id if data else None)
+    return page_of(data, has_more)

@@ -153,7 +153,7 @@ def test_backoff_doubles_up_to_its_cap_and_jitter_only_adds(hooks):
 def test_a_lease_decides_who_delivers_and_a_lapsed_one_records_nothing(hooks, receivers):
     a = hooks.account()
     receiver = receivers()
-    endpoint = hooks.endpoint(a, receiver.url, ["fine_tuning.job.succeeded"])
+    hooks.endpoint(a, receiver.url, ["fine_tuning.job.succeeded"])
     now = time.time()
     with hooks.db.session() as session:
         [delivery_id] = outbox.enqueue(session, a.id, "fine_tuning.job.succeeded", "ftjob-" + "1" * 32, now)
@@ -211,3 +211,11 @@ def test_two_deliverers_racing_deliver_each_event_once(hooks, receivers):
     assert {(d.status, d.attempts, d.lease_owner) for d in deliveries} == {("delivered", 1, None)}
     with hooks.db.session() as session:
         assert session.scalar(select(func.count()).select_from(WebhookAttempt)) == n
+    pages, after = [], None  # the owner's log, five at a time
+    while True:
+        page = service.list_deliveries(hooks.state, a, endpoint.id, limit=5, after=after)
+        pages.append([d.id for d in page.data])
+        if not page.has_more:
+            break
+        after = page.last_id
+    assert [len(p) for p in pages] == [5, 5, 5, 1] and {i for p in pages for i in p} == {d.id for d in deliveries}
