@@ -292,6 +292,9 @@ class Settings(BaseSettings):
     webhook_endpoints_per_account: int = Field(
         20, ge=0, description="Webhook endpoints one account may register; another create answers 429 limit_exceeded.",
     )
+    webhook_log_retention_days: float = Field(
+        30, gt=0, description="The reaper deletes a delivery and its attempts this long after it was delivered or failed.",
+    )
     # -- end webhooks --
 
     @field_validator("data_dir")

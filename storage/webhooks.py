@@ -134,3 +134,13 @@ def list_deliveries(session: Session, endpoint_id: str, *, limit: int,
                                        .order_by(WebhookAttempt.delivery_id, WebhookAttempt.attempt)):
             attempts[attempt.delivery_id].append(attempt)
     return [(row, attempts[row.id]) for row in page], has_more
+
+
+def delete_ended_before(session: Session, cutoff: float, *, limit: int) -> int:
+    """Delete up to `limit` deliveries (with their attempts) that ended, delivered or failed, before `cutoff`."""
+    ids = list(session.scalars(select(WebhookDelivery.id).where(
+        WebhookDelivery.status != "pending", WebhookDelivery.finished_at < cutoff).limit(limit)))
+    if ids:
+        session.execute(delete(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(ids)))
+        session.execute(delete(WebhookDelivery).where(WebhookDelivery.id.in_(ids)))
+    return len(ids)

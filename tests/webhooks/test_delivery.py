@@ -1,8 +1,8 @@
 """Webhook delivery on a database of each test's own (SQLite and PostgreSQL), to real receivers
 on 127.0.0.1 that check every POST with the official SDK: the outbox row commits with the job's
 or batch's end (and not without it), retries back off and keep the webhook-id, failures of each
-kind end `failed` after the retry window, only the account's own endpoints get its events, and
-two deliverers racing never send one delivery twice within a lease."""
+kind end `failed` after the retry window, only the account's own endpoints get its events, two
+deliverers racing never send one delivery twice within a lease, and the reaper ends the log."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from batches import transitions as batch_transitions
 from jobs import transitions
 from openft.errors import NotFound
 from serve_app.services import webhooks as service
+from serve_app.services.retention import reap_once
 from storage import webhooks as repo
 from storage.db import Database
 from storage.models import Job, WebhookAttempt, WebhookDelivery
@@ -173,6 +174,12 @@ def test_a_lease_decides_who_delivers_and_a_lapsed_one_records_nothing(hooks, re
         assert session.get(WebhookDelivery, delivery_id).status == "delivered"
         assert session.scalar(select(func.count()).select_from(WebhookAttempt)) == 1
         assert repo.claim_due(session, now + 100, owner="z", lease_s=5, limit=10) == []
+    day = 86400  # the reaper keeps the log 30 days after the end
+    assert reap_once(hooks.state, int(now) + 29 * day)["webhook_deliveries"] == 0
+    assert reap_once(hooks.state, int(now) + 31 * day)["webhook_deliveries"] == 1
+    with hooks.db.session() as session:
+        assert session.get(WebhookDelivery, delivery_id) is None
+        assert session.scalar(select(func.count()).select_from(WebhookAttempt)) == 0
 
 
 def test_two_deliverers_racing_deliver_each_event_once(hooks, receivers):
