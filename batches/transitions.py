@@ -28,12 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sqlalchemy import select, update
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from batches import billing
 from jobs.transitions import lock_owned
 from storage.batches import ENDED_STATUSES
 from storage.models import Batch
+from webhooks import events, outbox
 
 MAX_ATTEMPTS = 2
 RUNNABLE = ("validating", "in_progress")  # what a driver may claim to run (in_progress: its driver was lost)
@@ -219,6 +220,8 @@ def _end(batch: Batch, status: str, now: int, *, errors: list[dict] | None = Non
     if errors is not None:
         batch.errors = errors
     batch.lease_owner = batch.lease_expires_at = None
+    # Every end passes here, in its caller's transaction (the batch is that session's row): its webhooks with it.
+    outbox.enqueue(object_session(batch), batch.account_id, events.BATCH_EVENTS[status], batch.id, now)
 
 
 def lose(session: Session, batch: Batch, now: int) -> Moved:

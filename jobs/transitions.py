@@ -50,6 +50,7 @@ from sqlalchemy.orm import Session
 from storage import billing
 from storage.jobs import ENDED_STATUSES, add_event
 from storage.models import Account, Job, SchedulerLock
+from webhooks import events, outbox
 
 SLOT_STATUSES = ("queued", "running", "paused")
 PAUSABLE = ("validating_files", "queued", "running")
@@ -185,6 +186,7 @@ def finish(
     elif message:
         add_event(session, job.id, now, message)
     billing.settle(session, job, now)  # the charge commits with the end status, once
+    outbox.enqueue(session, job.account_id, events.JOB_EVENTS[status], job.id, now)  # and its webhooks
     session.flush()
     promote_waiting(session, job.account_id, now)
     return Moved(True, status)

@@ -267,6 +267,35 @@ class Settings(BaseSettings):
         16, ge=1, description="Rows one engine actor decodes together (and takes per call)."
     )
     # -- end batches (h1) --
+    # -- webhooks (issue 16, webhooks/delivery.py) --
+    webhook_timeout_seconds: float = Field(
+        10.0, gt=0, description="One delivery POST (connect and answer) may take this long; past it the attempt "
+        "failed (timeout) and is retried.",
+    )
+    webhook_backoff_seconds: float = Field(
+        30.0, gt=0, description="Wait before the second attempt; each later wait doubles, up to "
+        "webhook_backoff_max_seconds, plus up to webhook_backoff_jitter of itself at random.",
+    )
+    webhook_backoff_max_seconds: float = Field(3600.0, gt=0, description="Longest wait between two attempts.")
+    webhook_backoff_jitter: float = Field(
+        0.2, ge=0, le=1, description="Random extra wait, as a fraction of the backoff (never less than the backoff).",
+    )
+    webhook_retry_window_seconds: float = Field(
+        86400.0, gt=0, description="A delivery not accepted (2xx) this long after its event is marked failed.",
+    )
+    webhook_lease_seconds: float = Field(
+        60.0, gt=0, description="A deliverer's lease on the deliveries it claimed; another deliverer takes a "
+        "delivery only after it lapses. Keep it well above webhook_timeout_seconds.",
+    )
+    webhook_poll_seconds: float = Field(1.0, gt=0, description="How often the controller's deliverer looks for due deliveries.")
+    webhook_concurrency: int = Field(4, ge=1, description="Deliveries one deliverer POSTs at once.")
+    webhook_endpoints_per_account: int = Field(
+        20, ge=0, description="Webhook endpoints one account may register; another create answers 429 limit_exceeded.",
+    )
+    webhook_log_retention_days: float = Field(
+        30, gt=0, description="The reaper deletes a delivery and its attempts this long after it was delivered or failed.",
+    )
+    # -- end webhooks --
 
     @field_validator("data_dir")
     @classmethod

@@ -12,9 +12,7 @@ from openft.settings import Settings
 from serve_app.errors import install_error_handlers
 from serve_app.request_body import BodyLimit
 from serve_app.request_params import refuse_nul_params
-from serve_app.routers import adapters, admin, api_docs, files, fine_tuning_jobs, models
-from serve_app.routers import batches  # -- batches (issue 13) --
-from serve_app.routers import dashboard  # -- web dashboard (issue 16) --
+from serve_app.routers import adapters, admin, api_docs, batches, dashboard, files, fine_tuning_jobs, models, webhooks
 from serve_app.services.retention import reap_once
 from serve_app.slow_clients import install_slow_body_guard
 from serve_app.state import AppState
@@ -51,7 +49,8 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(fine_tuning_jobs.router)
     v1.include_router(models.router)
     v1.include_router(adapters.router)
-    v1.include_router(batches.router)  # -- batches (issue 13) --
+    v1.include_router(batches.router)
+    v1.include_router(webhooks.router)
     # Without an admin key the admin API answers 404, so the schema must not list it either.
     v1.include_router(admin.router, include_in_schema=bool(settings.admin_key))
     app.include_router(v1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -310,3 +310,75 @@ class Batch(Base):
     # When the staged adapter copies (storage/keys.py batch_stage) were deleted after the end.
     stage_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+# -- webhooks (issue 16) --
+class WebhookEndpoint(Base):
+    """A URL an account registered for some event types (OpenAI's webhook endpoint). `secret` is
+    kept as is: every delivery is signed with it (HMAC), so a hash would not do. After a rotation
+    that keeps the old one, deliveries carry a second signature with `previous_secret` until
+    `previous_secret_until`."""
+
+    __tablename__ = "webhook_endpoints"
+    __table_args__ = (Index("ix_webhook_endpoints_account_created", "account_id", "created_ns", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    name: Mapped[str] = mapped_column(String(256))
+    url: Mapped[str] = mapped_column(String(2048))
+    event_types: Mapped[list[Any]] = mapped_column(JSON)
+    secret: Mapped[str] = mapped_column(String(80))
+    previous_secret: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    previous_secret_until: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class WebhookDelivery(Base):
+    """One event owed to one endpoint: the outbox row, written in the transaction that ended the job
+    or batch (webhooks/outbox.py), and claimed under a lease by a deliverer (webhooks/delivery.py).
+    `payload` is the exact body, so every retry sends the same bytes under the same webhook-id
+    (`event_id`). Times are float seconds: backoff starts below a second in tests."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        Index("ix_webhook_deliveries_due", "status", "next_attempt_at"),
+        Index("ix_webhook_deliveries_endpoint", "endpoint_id", "created_ns", "id"),
+        UniqueConstraint("endpoint_id", "event_id", name="uq_webhook_deliveries_endpoint_event"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    endpoint_id: Mapped[str] = mapped_column(ForeignKey("webhook_endpoints.id", ondelete="CASCADE"))
+    account_id: Mapped[str] = mapped_column(String(40))
+    event_id: Mapped[str] = mapped_column(String(40))
+    event_type: Mapped[str] = mapped_column(String(64))
+    payload: Mapped[str] = mapped_column(Text)
+    # pending | delivered | failed
+    status: Mapped[str] = mapped_column(String(16))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[float] = mapped_column(Float)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    next_attempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    lease_expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    finished_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class WebhookAttempt(Base):
+    """One POST of a delivery, for the owner's delivery log."""
+
+    __tablename__ = "webhook_attempts"
+    __table_args__ = (UniqueConstraint("delivery_id", "attempt", name="uq_webhook_attempts_delivery_attempt"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    delivery_id: Mapped[str] = mapped_column(ForeignKey("webhook_deliveries.id", ondelete="CASCADE"))
+    attempt: Mapped[int] = mapped_column(Integer)
+    started_at: Mapped[float] = mapped_column(Float)
+    duration_ms: Mapped[int] = mapped_column(Integer)
+    status_code: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # timeout | connection_error | http_status (status_code says which) | None when delivered
+    error: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    next_attempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)

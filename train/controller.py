@@ -58,6 +58,7 @@ from train.attempt import AttemptResult, FileRef, RayRuns, RunTicket
 from train.parity import ParityAbandoned, check_parity, parity_error, parity_request
 from train.placement import remove_orphans, remove_placement_group
 from train.registration import RegistrationError, register
+from webhooks.delivery import start_deliverer  # -- webhooks (issue 16) --
 
 log = logging.getLogger("openft.controller")
 STOP_GRACE_S = 30  # past the deadline, the run's own time check has had this long to fail it cleanly
@@ -84,6 +85,7 @@ class JobController:
         self.reconcile()
         if loop:
             threading.Thread(target=self.run_forever, name="controller-loop", daemon=True).start()
+            start_deliverer(self.db, settings, f"{self.id}.w", self._stop)  # webhooks: a thread of its own
 
     # -- passes ---------------------------------------------------------------------------
     def reconcile(self) -> list[str]:

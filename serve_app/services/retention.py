@@ -12,7 +12,8 @@ every step is safe to repeat or to run twice at once). The reference's "Your dat
   no such job is open or ended less than 7 days ago (checked with a mark, so a job starting
   meanwhile is safe: storage/tokenized_reaps.py);
 - jobs and their events: 180 days after they end (after their copies are gone);
-- merged exports: 7 days (`merge.worker.expire_exports`, the merge worker's own rule).
+- merged exports: 7 days (`merge.worker.expire_exports`, the merge worker's own rule);
+- webhook deliveries and their attempts: `webhook_log_retention_days` (30) after they were delivered or failed.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pipelines.tokenize import MANIFEST as TOKENIZED_MANIFEST
 from serve_app.state import AppState
 from storage import keys
 from storage import files as files_repo
+from storage import webhooks as webhooks_repo
 from storage.models import File, FineTunedModel, Job, JobEvent
 from storage.tokenized_reaps import mark, shards_in_use, stale_marks, unmark
 
@@ -41,9 +43,16 @@ def reap_once(state: AppState, now: int | None = None) -> dict[str, int]:
     counts.update(_reap_run_copies(state, now))
     counts.update(_reap_jobs(state, now))
     counts["exports"] = expire_exports(state.db, state.store, now=now)
+    counts["webhook_deliveries"] = _reap_webhook_log(state, now)
     if any(counts.values()):
         log.info("reaped %s", counts)
     return counts
+
+
+def _reap_webhook_log(state: AppState, now: int) -> int:
+    with state.db.session() as session:
+        return webhooks_repo.delete_ended_before(session, now - state.settings.webhook_log_retention_days * DAY,
+                                                 limit=BATCH)
 
 
 def _reap_files(state: AppState, now: int) -> int:

@@ -48,6 +48,7 @@ class Owned:
     model: str
     export_prefix: str
     batch_id: str  # -- batches (issue 13) --
+    webhook_endpoint_id: str  # -- webhooks (issue 16) --
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
 
     def url(self, path: str) -> str:
@@ -60,7 +61,7 @@ class Owned:
     def fill(self, path: str) -> str:
         values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model,
                   "account": self.account_id, "name": "adapter_config.json", "path": "config.json",
-                  "batch_id": self.batch_id}  # fmt: skip
+                  "batch_id": self.batch_id, "webhook_endpoint_id": self.webhook_endpoint_id}  # fmt: skip
         return PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -76,8 +77,9 @@ def _owned(api) -> Owned:
                                             purpose="batch")
     batch = api.client(key).batches.create(input_file_id=requests.id, endpoint="/v1/chat/completions",
                                            completion_window="24h")
+    hook = api.client(key).webhooks.create(name="s", url="https://example.com/hook", event_types=["batch.completed"])
     return Owned(api.base_url.removesuffix("/v1"), state, account_id, key, other_key, uploaded.id, job_id, model, prefix,
-                 batch.id)
+                 batch.id, hook.id)
 
 
 @pytest.fixture(scope="module")
@@ -124,6 +126,7 @@ def state_of(owned: Owned) -> tuple:
         a(f"/v1/models/{owned.model}")["id"], a(f"/v1/gridline/adapters/{owned.model}/merged")["status"],
         b("/v1/files"), b("/v1/fine_tuning/jobs"), [m["id"] for m in b("/v1/models") if m["id"].startswith("ft:")],
         a(f"/v1/batches/{owned.batch_id}")["status"], b("/v1/batches"),
+        [(e["id"], e["url"], e["updated_at"]) for e in a("/v1/webhook_endpoints")["data"]], b("/v1/webhook_endpoints"),
     )
 
 
@@ -131,7 +134,8 @@ def state_of(owned: Owned) -> tuple:
 def test_every_route_needs_a_key_and_hides_other_accounts_objects(owned):
     before = state_of(owned)
     assert owned.file_id in before[0] and len(before[0]) == 2  # the upload and the batch's input file
-    assert before[3] == "succeeded" and before[4:] == ([], [], [], "validating", [])
+    assert before[3] == "succeeded" and before[4:9] == ([], [], [], "validating", [])
+    assert [e[0] for e in before[9]] == [owned.webhook_endpoint_id] and before[10] == []
     checks, seen = [], set()
     for method, path, name in routes(owned.state):
         seen.add(name)

@@ -1,0 +1,226 @@
+"""Webhook endpoints: create (every refusal), list, retrieve, update, delete, rotate_secret, test;
+the event types; the owner's delivery log.
+
+Refusals come before anything is written: the body's fields (OpenAI's: name, url, event_types),
+the URL (http or https, a host, no credentials or fragment), the event types (those this service
+sends: webhooks/events.py), then the per-account endpoint limit, checked under the account's
+lock with the insert. An endpoint is visible to its account only; another's answers 404. The
+secret is in the answers of create and rotate_secret only, as OpenAI does.
+"""
+
+from __future__ import annotations
+
+import time
+from urllib.parse import urlsplit
+
+from jobs.transitions import lock_account
+from openft.errors import InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
+from openft.ids import new_id
+from serve_app.schemas.common import Page
+from serve_app.schemas.webhooks import (
+    DeletedWebhookEndpoint,
+    WebhookAttempt,
+    WebhookDelivery,
+    WebhookEndpoint,
+    WebhookEndpointTestResult,
+    WebhookEndpointWithSecret,
+    WebhookEventTypeList,
+)
+from serve_app.services.paging import check_limit, page_of
+from serve_app.state import AppState
+from storage import webhooks as repo
+from storage.models import Account
+from storage.models import WebhookEndpoint as EndpointRow
+from webhooks import events, signing
+from webhooks.delivery import post
+
+NAME_CHARS, URL_CHARS = 256, 2048
+KEEP_OLD_SECRET_S = 24 * 3600
+
+
+class EndpointUnreachable(ServiceError):
+    """`test` got no answer from the endpoint (a timeout, a refused connection)."""
+
+    status = 502
+    type = "invalid_request_error"
+    retryable = False
+
+
+def endpoint_object(row: EndpointRow, *, with_secret: bool = False) -> WebhookEndpoint:
+    fields = dict(id=row.id, created_at=row.created_at, event_types=list(row.event_types), name=row.name,
+                  signing_secret_hint=signing.hint(row.secret), url=row.url, updated_at=row.updated_at)
+    return WebhookEndpointWithSecret(**fields, signing_secret=row.secret) if with_secret else WebhookEndpoint(**fields)
+
+
+def _invalid(message: str, param: str, code: str = "invalid_value") -> InvalidRequest:
+    return InvalidRequest(message, code=code, param=param)
+
+
+def _check_keys(body: dict, allowed: tuple[str, ...]) -> None:
+    for key in body:
+        if key not in allowed:
+            raise unknown_parameter(key)
+
+
+def _name(value) -> str:
+    if not isinstance(value, str) or not value.strip() or len(value) > NAME_CHARS:
+        raise _invalid(f"name must be a non-empty string of at most {NAME_CHARS} characters.", "name")
+    return value
+
+
+def _url(value) -> str:
+    """An absolute http(s) URL with a host. Messages never echo it (it is the caller's data)."""
+    if not isinstance(value, str) or len(value) > URL_CHARS:
+        raise _invalid(f"url must be a string of at most {URL_CHARS} characters.", "url", "invalid_url")
+    try:
+        parts = urlsplit(value)
+        port_ok = parts.port is None or 0 < parts.port < 65536
+    except ValueError:
+        parts, port_ok = None, False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise _invalid("url must be an http:// or https:// URL with a host, e.g. https://example.com/webhooks.",
+                       "url", "invalid_url")
+    if parts.username is not None or parts.password is not None or parts.fragment or any(c.isspace() for c in value):
+        raise _invalid("url must not hold credentials, a #fragment or whitespace: sign-in data would be stored "
+                       "and shown in the endpoint; verify the signature instead.", "url", "invalid_url")
+    return value
+
+
+def _event_types(value) -> list[str]:
+    supported = ", ".join(events.EVENT_TYPES)
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+        raise _invalid(f"event_types must be a non-empty list of event types: {supported}.", "event_types")
+    for i, event_type in enumerate(value):
+        if event_type not in events.EVENT_TYPES:
+            raise _invalid(f"event_types[{i}] is not an event this service sends; it sends {supported}.",
+                           "event_types", "unsupported_value")
+    return list(dict.fromkeys(value))
+
+
+def _required(body: dict, key: str):
+    if body.get(key) is None:
+        raise _invalid(f"Missing {key}.", key, "missing_required_parameter")
+    return body[key]
+
+
+def create_endpoint(state: AppState, account: Account, body: dict) -> WebhookEndpointWithSecret:
+    _check_keys(body, ("name", "url", "event_types"))
+    name, url = _name(_required(body, "name")), _url(_required(body, "url"))
+    event_types = _event_types(_required(body, "event_types"))
+    limit = state.settings.webhook_endpoints_per_account
+    now = state.now()
+    with state.db.session() as session:
+        lock_account(session, account.id)  # two creates at the limit cannot both pass
+        current = repo.count_endpoints(session, account.id)
+        if current >= limit:
+            raise RateLimited(f"This account has {current} webhook endpoints, the most it may have ({limit}); "
+                              "delete one first.", limit=limit, current=current, param=None)
+        row = EndpointRow(id=new_id("wh_", 24), account_id=account.id, name=name, url=url, event_types=event_types,
+                          secret=signing.new_secret(), created_at=now, created_ns=time.time_ns(), updated_at=now)
+        session.add(row)
+        session.flush()
+        return endpoint_object(row, with_secret=True)
+
+
+def _owned(session, account: Account, endpoint_id: str) -> EndpointRow:
+    row = repo.get_endpoint(session, account.id, endpoint_id)
+    if row is None:
+        raise NotFound("No such webhook endpoint.", param="webhook_endpoint_id")
+    return row
+
+
+def retrieve_endpoint(state: AppState, account: Account, endpoint_id: str) -> WebhookEndpoint:
+    with state.db.session() as session:
+        return endpoint_object(_owned(session, account, endpoint_id))
+
+
+def list_endpoints(state: AppState, account: Account, *, limit: int, after: str | None) -> Page[WebhookEndpoint]:
+    check_limit(limit, 100)
+    with state.db.session() as session:
+        rows, has_more = repo.list_endpoints(session, account.id, limit=limit, after=after)
+        data = [endpoint_object(r) for r in rows]
+    return page_of(data, has_more)
+
+
+def update_endpoint(state: AppState, account: Account, endpoint_id: str, body: dict) -> WebhookEndpoint:
+    with state.db.session() as session:
+        row = _owned(session, account, endpoint_id)  # another account's answers 404 before the body is read
+        _check_keys(body, ("name", "url", "event_types"))
+        changes = {}
+        if body.get("name") is not None:
+            changes["name"] = _name(body["name"])
+        if body.get("url") is not None:
+            changes["url"] = _url(body["url"])
+        if body.get("event_types") is not None:
+            changes["event_types"] = _event_types(body["event_types"])
+        changed = {k: v for k, v in changes.items() if getattr(row, k) != v}
+        for key, value in changed.items():
+            setattr(row, key, value)
+        if changed:
+            row.updated_at = state.now()
+        return endpoint_object(row)
+
+
+def delete_endpoint(state: AppState, account: Account, endpoint_id: str) -> DeletedWebhookEndpoint:
+    """The endpoint, its pending deliveries (never sent now) and its delivery log."""
+    with state.db.session() as session:
+        repo.delete_endpoint(session, _owned(session, account, endpoint_id))
+    return DeletedWebhookEndpoint(id=endpoint_id, deleted=True)
+
+
+def rotate_secret(state: AppState, account: Account, endpoint_id: str, body: dict) -> WebhookEndpointWithSecret:
+    """A new secret signs every delivery from now on, retries of earlier events included. With
+    keep_old_secret_active_for_24_hours, deliveries carry a second signature by the old secret for 24 h."""
+    with state.db.session() as session:
+        row = _owned(session, account, endpoint_id)
+        _check_keys(body, ("keep_old_secret_active_for_24_hours",))
+        keep = body.get("keep_old_secret_active_for_24_hours", False)
+        if not isinstance(keep, bool):
+            raise _invalid("keep_old_secret_active_for_24_hours must be true or false.",
+                           "keep_old_secret_active_for_24_hours")
+        now = state.now()
+        row.previous_secret, row.previous_secret_until = (row.secret, now + KEEP_OLD_SECRET_S) if keep else (None, None)
+        row.secret, row.updated_at = signing.new_secret(), now
+        return endpoint_object(row, with_secret=True)
+
+
+def send_test_event(state: AppState, account: Account, endpoint_id: str, body: dict) -> WebhookEndpointTestResult:
+    """POST a sample event (a fresh event id, `data.id` naming no object) signed as a delivery is,
+    and answer the status the endpoint gave. Nothing is queued or retried."""
+    with state.db.session() as session:
+        row = _owned(session, account, endpoint_id)
+        _check_keys(body, ("event_type",))
+        event_type = _required(body, "event_type")
+        if event_type not in events.EVENT_TYPES:
+            raise _invalid(f"event_type must be one of {', '.join(events.EVENT_TYPES)}.", "event_type",
+                           "unsupported_value")
+        url, keys = row.url, repo.signing_keys(row, time.time())
+    event_id = events.event_id()
+    body_text = events.payload(event_id, event_type, state.now(), events.SAMPLE_IDS[event_type])
+    answer = post(url, keys, event_id, body_text, timeout_s=state.settings.webhook_timeout_seconds)
+    if answer.status_code is None:
+        raise EndpointUnreachable(f"The endpoint did not answer the test event ({answer.error}); check that the URL "
+                                  "is reachable from this service.", code="endpoint_unreachable",
+                                  param="webhook_endpoint_id")
+    return WebhookEndpointTestResult(event_type=event_type, status_code=answer.status_code,
+                                     webhook_endpoint_id=endpoint_id)
+
+
+def event_types() -> WebhookEventTypeList:
+    return WebhookEventTypeList(data=list(events.EVENT_TYPES))
+
+
+def list_deliveries(state: AppState, account: Account, endpoint_id: str, *, limit: int,
+                    after: str | None) -> Page[WebhookDelivery]:
+    check_limit(limit, 100)
+    with state.db.session() as session:
+        _owned(session, account, endpoint_id)
+        rows, has_more = repo.list_deliveries(session, endpoint_id, limit=limit, after=after)
+        data = [WebhookDelivery(
+            id=d.id, event_id=d.event_id, event_type=d.event_type, data_id=events.object_id(d.payload),
+            status=d.status, created_at=int(d.created_at), attempts=d.attempts, next_attempt_at=d.next_attempt_at,
+            finished_at=d.finished_at,
+            attempt_log=[WebhookAttempt(attempt=a.attempt, started_at=a.started_at, duration_ms=a.duration_ms,
+                                        status_code=a.status_code, error=a.error, next_attempt_at=a.next_attempt_at)
+                         for a in attempts]) for d, attempts in rows]
+    return page_of(data, has_more)

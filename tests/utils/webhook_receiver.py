@@ -1,0 +1,83 @@
+"""A real webhook receiver for tests: an HTTP server on 127.0.0.1 in a thread that checks every
+delivery with the official SDK (`client.webhooks.unwrap`, the same call a user's receiver makes)
+and answers from a script (e.g. 500, 500, then 200)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import openai
+
+from tests.utils.polling import until
+
+SDK = openai.OpenAI(api_key="unused", base_url="http://127.0.0.1:9/v1")
+
+
+@dataclass
+class Received:
+    at: float
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    event: object | None  # the SDK's parsed event, or None when the signature did not verify
+    error: str | None  # the SDK's exception class name when it refused the delivery
+
+
+@dataclass
+class Receiver:
+    secret: str | None = None
+    answers: list[int] = field(default_factory=list)  # answered in order; 200 once it runs out
+    delay_s: float = 0.0  # how long each answer takes
+    received: list[Received] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    server: ThreadingHTTPServer | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}/hooks"
+
+    def start(self) -> "Receiver":
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("content-length", 0)))
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                event, error = None, None
+                try:
+                    event = SDK.webhooks.unwrap(body, headers, secret=receiver.secret)
+                except Exception as exc:  # recorded: a test asserts on it
+                    error = type(exc).__name__
+                with receiver.lock:
+                    receiver.received.append(Received(time.time(), self.path, headers, body, event, error))
+                    code = receiver.answers.pop(0) if receiver.answers else 200
+                if receiver.delay_s:
+                    time.sleep(receiver.delay_s)
+                try:
+                    self.send_response(code)
+                    self.send_header("content-length", "2")
+                    self.end_headers()
+                    self.wfile.write(b"ok")
+                except (BrokenPipeError, ConnectionResetError):  # the sender timed out first
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def events(self) -> list[Received]:
+        with self.lock:
+            return list(self.received)
+
+    def wait_for(self, n: int, timeout: float = 60) -> list[Received]:
+        return until(lambda: (got := self.events()) and len(got) >= n and got, f"{n} deliveries", timeout, 0.05)
