@@ -54,7 +54,14 @@ class ReadProgress(io.RawIOBase):
         return n
 
     def _move(self) -> None:
+        if self._bar.disable is True:  # closed: the body was sent, httpx reads past its end
+            return
         self._bar.update(self._fh.tell() - self._bar.n)
+        if self._bar.n >= (self._bar.total or 0):
+            # Sent: closed now, so that its time and rate are the sending's, not the validation's
+            # that the server runs before it answers.
+            self._bar.close()
+            print("sent; the server is validating it", file=sys.stderr, flush=True)
 
 
 class LiveLine:

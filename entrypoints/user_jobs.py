@@ -66,8 +66,9 @@ def _duration(seconds: float) -> str:
     return f"{hours}:{rest // 60:02d}:{rest % 60:02d}" if hours else f"{rest // 60}:{rest % 60:02d}"
 
 
-def progress_line(job, metrics: dict | None, now: float) -> str:
-    """The live line: status, then the newest metrics report's step, loss and tokens/s, and the ETA."""
+def progress_line(job, metrics: dict | None, now: float, message: str | None = None) -> str:
+    """The live line: status, then the newest metrics report's step, loss and tokens/s (before the
+    first one, the newest event's message: the stage the job is in), and the ETA."""
     parts = [job.status]
     reason = ((job.model_extra or {}).get("gridline") or {}).get("reason")
     if reason and job.status in ("queued", "validating_files"):
@@ -78,17 +79,22 @@ def progress_line(job, metrics: dict | None, now: float) -> str:
             parts.append(f"loss {metrics['train_loss']:.4f}")
         if metrics.get("tokens_per_second") is not None:
             parts.append(f"{metrics['tokens_per_second']:.0f} tok/s")
+    elif message and job.status not in ENDED:
+        parts.append(message)
     if job.status == "running" and job.estimated_finish:
         parts.append(f"ETA {_duration(job.estimated_finish - now)}")
     return "  ".join(parts)
 
 
-def newest_metrics(client, job_id: str) -> dict | None:
-    """The newest step report among the job's latest events (the API lists newest first)."""
+def newest_events(client, job_id: str) -> tuple[dict | None, str | None]:
+    """(the newest step report, the newest message) among the job's latest events (newest first)."""
+    metrics = message = None
     for event in client.fine_tuning.jobs.list_events(job_id, limit=20).data:
-        if event.type == "metrics" and event.data and "step" in event.data:
-            return event.data
-    return None
+        if metrics is None and event.type == "metrics" and event.data and "step" in event.data:
+            metrics = event.data
+        if message is None and event.type == "message":
+            message = event.message
+    return metrics, message
 
 
 def describe_job(job) -> str:
@@ -114,7 +120,8 @@ def follow(args: argparse.Namespace, client, job) -> int:
     try:
         while True:
             if not args.json:
-                live.update(progress_line(job, newest_metrics(client, job.id), time.time()))
+                metrics, message = newest_events(client, job.id)
+                live.update(progress_line(job, metrics, time.time(), message))
             if job.status in ENDED:
                 break
             time.sleep(FOLLOW_POLL_S)

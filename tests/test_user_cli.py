@@ -153,3 +153,29 @@ def test_operator_commands_name_the_data_dir_they_use(tmp_path: Path):
         assert keys[used].startswith("sk-openft-")
     for used, key in keys.items():
         assert [d for d in keys if _key_works_in(d, key)] == [used]
+
+
+def test_before_the_first_step_the_live_line_shows_the_newest_message():
+    line = user_jobs.progress_line(_job(), None, now=0, message="Tokenizing the training file.")
+    assert line == "running  Tokenizing the training file."
+    assert user_jobs.progress_line(_job(status="succeeded"), None, now=0, message="Job succeeded.") == "succeeded"
+
+
+def test_the_upload_bar_follows_the_bytes_read_and_closes_once_all_are_sent(tmp_path, capsys):
+    from tqdm import tqdm
+
+    from entrypoints._progress import ReadProgress
+
+    path = tmp_path / "f.jsonl"
+    path.write_bytes(b"x" * 10_000)
+    bar = tqdm(total=10_000, file=io.StringIO())
+    with path.open("rb") as fh:
+        reader = ReadProgress(fh, bar)
+        reader.seek(0)
+        assert reader.read(4096) and bar.n == 4096 and not bar.disable
+        reader.seek(0)  # sent again from the start: the bar goes back
+        assert bar.n == 0
+        while reader.read(4096):
+            pass
+    assert bar.n == 10_000 and bar.disable is True
+    assert capsys.readouterr().err == "sent; the server is validating it\n"
