@@ -52,7 +52,7 @@ def cmd_files_upload(args: argparse.Namespace) -> int:
 
 
 def cmd_files_list(args: argparse.Namespace) -> int:
-    page = api_client(args).files.list(purpose=args.purpose) if args.purpose else api_client(args).files.list()
+    page = api_client(args).files.list(**({"purpose": args.purpose} if args.purpose else {}))
     return emit(args, page, lambda p: "\n".join(describe_file(f).splitlines()[0] for f in p.data) or "no files")
 
 

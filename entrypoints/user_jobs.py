@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 
@@ -17,9 +18,12 @@ FOLLOW_POLL_S = 1.0
 
 
 def api_client(args: argparse.Namespace, **options):
-    """The SDK reads OPENAI_BASE_URL and OPENAI_API_KEY itself where a flag is not given."""
+    """The SDK reads OPENAI_BASE_URL and OPENAI_API_KEY itself where a flag is not given; without a
+    base URL it would send the key to api.openai.com, so none at all is an error here."""
     import openai
 
+    if not (args.base_url or os.environ.get("OPENAI_BASE_URL")):
+        raise SystemExit("openft: no API base URL: set OPENAI_BASE_URL or pass --base-url (e.g. http://127.0.0.1:8000/v1)")
     return openai.OpenAI(base_url=args.base_url, api_key=args.api_key, **options)
 
 
@@ -41,6 +45,7 @@ def describe_api_error(exc) -> str:
 
 
 def run_user_command(func, args: argparse.Namespace) -> int:
+    import httpx
     import openai
 
     from entrypoints._download import DigestMismatch
@@ -52,6 +57,8 @@ def run_user_command(func, args: argparse.Namespace) -> int:
     except openai.APIConnectionError as exc:
         print(f"openft: cannot reach the API: {exc.message} (base URL from --base-url or OPENAI_BASE_URL)",
               file=sys.stderr)  # fmt: skip
+    except httpx.HTTPError as exc:  # a download's connection (the SDK's calls raise APIConnectionError)
+        print(f"openft: download failed: {type(exc).__name__}: {exc}; run it again to resume", file=sys.stderr)
     except (openai.OpenAIError, DigestMismatch, OSError) as exc:  # no API key; a checksum; a local file
         print(f"openft: {exc}", file=sys.stderr)
     except KeyboardInterrupt:

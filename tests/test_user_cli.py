@@ -179,3 +179,10 @@ def test_the_upload_bar_follows_the_bytes_read_and_closes_once_all_are_sent(tmp_
             pass
     assert bar.n == 10_000 and bar.disable is True
     assert capsys.readouterr().err == "sent; the server is validating it\n"
+
+
+def test_without_a_base_url_nothing_is_sent_anywhere(monkeypatch):
+    monkeypatch.delenv("OPENAI_BASE_URL", raising=False)
+    with pytest.raises(SystemExit, match="set OPENAI_BASE_URL or pass --base-url"):
+        user_jobs.api_client(_parse("jobs", "list", "--api-key", "sk-x"))
+    assert str(user_jobs.api_client(_parse("jobs", "list", "--api-key", "sk-x", "--base-url", "http://h:1/v1")).base_url) == "http://h:1/v1/"
