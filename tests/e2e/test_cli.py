@@ -2,15 +2,18 @@
 pexpect), configured as a user configures the SDK (OPENAI_BASE_URL, OPENAI_API_KEY), against the
 suite's `openft serve`: an upload's progress bar and validation result, a refused upload's line and
 code, one tiny stand-in job followed live to its `ft:` name, its adapter downloaded, resumed from a
-truncated .part and verified, a corrupt .part refused, and another account that sees none of it.
+truncated .part and verified, a corrupt .part refused, another account that sees none of it, and
+the model's merged weights made and downloaded.
 Each command's transcript is kept in build/e2e/cli-*.txt."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -114,3 +117,22 @@ def test_upload_follow_download_resume_in_a_terminal(terminals, tmp_path, people
     assert status == 1 and "openft: 404 not_found" in out
     status, out = me.run("cancel-ended", "jobs", "cancel", job_id)
     assert status == 1 and "openft: 409 invalid_state" in out, out
+
+    # Merged weights: the merge runs on the service's controller; each file comes through its
+    # redirect and is checked against the digest the merge's status lists.
+    status, out = me.run("merge-create", "merges", "create", model)
+    assert status == 0 and re.search(rf"^{re.escape(model)}  merge (queued|running|succeeded)", out, re.M), out
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        status, out = me.run("merge-status", "merges", "status", model, "--json")
+        merge = json.loads(out[out.index("{"):])
+        if merge["status"] not in ("queued", "running"):
+            break
+        time.sleep(2)
+    assert merge["status"] == "succeeded", merge
+    merged = tmp_path / "merged"
+    status, out = me.run("merge-download", "merges", "download", model, "--dir", str(merged))
+    assert status == 0, out
+    for f in merge["files"]:
+        assert hashlib.sha256((merged / f["path"]).read_bytes()).hexdigest() == f["sha256"]
+        assert f"{merged / f['path']}  sha256 {f['sha256']}  verified" in out
