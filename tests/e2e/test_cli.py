@@ -25,8 +25,9 @@ from tests.factories import chat_row, jsonl
 pytestmark = pytest.mark.e2e
 
 # batch_size 1: a metrics report every 10 steps (train/progress.py MetricsClock); a stand-in base
-# trains some 50 steps a second here, so that 400 steps last long enough for the once-a-second
-# poll to see several of them
+# trained some 90 steps a second on the 2-core dev machine, so that 380 steps (20 rows are held out)
+# last long enough for the once-a-second poll to see several reports; a much faster machine could
+# need more rows
 ROWS = 400
 ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
@@ -81,6 +82,13 @@ def test_upload_follow_download_resume_in_a_terminal(terminals, tmp_path, people
     tokens = int(re.search(r"trained tokens (\d+)", result).group(1))
     model = re.search(r"model (ft:qwen2\.5-0\.5b-instruct:\S+)", result).group(1)
     assert tokens > 0 and model.endswith(":" + job_id.removeprefix("ftjob-")[:12])
+    client = people_service.client(me.env["OPENAI_API_KEY"])
+    reported = {e.data["step"]: e.data for e in client.fine_tuning.jobs.list_events(job_id, limit=100)
+                if e.type == "metrics" and e.data and "step" in e.data}  # fmt: skip
+    for shown in steps:  # each live line is one of the job's metrics events, as the API lists it
+        step, loss = re.match(r"running  step (\d+)/\d+  loss (\S+)", shown).groups()
+        assert f"{reported[int(step)]['train_loss']:.4f}" == loss
+    assert client.fine_tuning.jobs.retrieve(job_id).trained_tokens == tokens
 
     target = tmp_path / "adapter"
     status, out = me.run("download", "models", "download", model, "--dir", str(target))
