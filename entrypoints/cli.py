@@ -20,10 +20,16 @@ SHUTDOWN_MARGIN_S = 4.0
 
 
 def _settings(args: argparse.Namespace, **overrides) -> Settings:
+    """Every operator command's settings, its data dir from `--data-dir`, else OPENFT_DATA_DIR, else
+    the default (`./.openft`), named on stderr: an account created in one data dir has a key that
+    a server on another answers 401 (stderr, so that `accounts create`'s last stdout line stays the key)."""
     values = {k: v for k, v in overrides.items() if v is not None}
     if getattr(args, "data_dir", None) is not None:
         values["data_dir"] = Path(args.data_dir)
-    return Settings(**values)
+    settings = Settings(**values)
+    source = "--data-dir" if "data_dir" in values else "OPENFT_DATA_DIR" if "data_dir" in settings.model_fields_set else "default"
+    print(f"openft: data dir {settings.data_dir} (from {source})", file=sys.stderr, flush=True)
+    return settings
 
 
 def _check_configuration(settings: Settings) -> int:
@@ -226,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--data-dir", default=None)
     demo.set_defaults(func=cmd_demo)
 
+    from entrypoints.user_cli import add_user_commands
+
+    add_user_commands(sub)
     args = parser.parse_args(argv)
     return args.func(args)
 

@@ -75,6 +75,19 @@ class PayloadTooLarge(ServiceError):
     retryable = False
 
 
+class RangeNotSatisfiable(ServiceError):
+    """416 for a download's Range that starts at or past the file's end, with its size in Content-Range."""
+
+    status = 416
+    type = "invalid_request_error"
+    retryable = False
+
+    def __init__(self, size: int):
+        super().__init__(f"The requested range starts past the file's end ({size} bytes).",
+                         code="range_not_satisfiable", param="range")
+        self.headers = {"content-range": f"bytes */{size}"}
+
+
 class RateLimited(ServiceError):
     """429, with the effective limit and current use in `error.limit` where there is one, and
     `Retry-After` (whole seconds, rounded up; `retry-after-ms` for the openai SDK) where known."""

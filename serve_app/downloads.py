@@ -1,17 +1,86 @@
-"""A stored object streamed to the caller with its SHA-256 and size, as every download route sends it."""
+"""A stored object streamed to the caller with its SHA-256 and size, as every download route sends it;
+the adapter and merged-weights downloads also answer a single HTTP Range (RFC 9110 section 14), so
+that an interrupted download resumes where it stopped (`openft models download`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 from fastapi.responses import StreamingResponse
 
+from openft.errors import RangeNotSatisfiable
+from storage.objects import ObjectStore
+
+_RANGE = re.compile(r"bytes=(\d*)-(\d*)")
+SPAN_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class ByteRange:
+    """One `Range: bytes=first-last` (either end may be empty: `N-` from N on, `-K` the last K)."""
+
+    first: int | None
+    last: int | None
+
+    @classmethod
+    def parse(cls, header: str | None) -> ByteRange | None:
+        """None for no header and for what this server does not serve (several ranges, another unit):
+        RFC 9110 lets a server ignore Range and send the whole file with 200."""
+        match = _RANGE.fullmatch((header or "").replace(" ", ""))
+        if match is None or match.groups() == ("", ""):
+            return None
+        first, last = (int(g) if g else None for g in match.groups())
+        if first is not None and last is not None and last < first:
+            return None  # invalid: ignored, as RFC 9110 says
+        return cls(first, last)
+
+    def span(self, size: int) -> tuple[int, int]:
+        """[start, end) within a file of `size` bytes; 416 when no byte of it is in the file."""
+        if self.first is None:  # a suffix: the last `last` bytes
+            if not self.last or not size:
+                raise RangeNotSatisfiable(size)
+            return max(size - self.last, 0), size
+        if self.first >= size:
+            raise RangeNotSatisfiable(size)
+        return self.first, size if self.last is None else min(self.last + 1, size)
+
+
+def iter_span(store: ObjectStore, key: str, start: int, end: int) -> Iterator[bytes]:
+    """Bytes [start, end) of `key` in chunks; ObjectNotFound is raised at the call (the first chunk
+    is read here), as `iter_chunks` raises it."""
+    first = store.read_range(key, start, min(end, start + SPAN_CHUNK))
+
+    def chunks() -> Iterator[bytes]:
+        yield first
+        pos = start + len(first)
+        while pos < end and (block := store.read_range(key, pos, min(end, pos + SPAN_CHUNK))):
+            yield block
+            pos += len(block)
+
+    return chunks()
+
+
+def open_object(store: ObjectStore, key: str, size: int, ranged: ByteRange | None) -> Iterator[bytes]:
+    """The whole object, or the requested span of it."""
+    return store.iter_chunks(key) if ranged is None else iter_span(store, key, *ranged.span(size))
+
 
 def digest_stream(chunks: Iterable[bytes], *, sha256: str, size: int, name: str | None = None,
-                  attachment: bool = False) -> StreamingResponse:  # fmt: skip
-    """`name` picks the media type (JSON for `.json`); `attachment` names it in Content-Disposition."""
+                  attachment: bool = False, ranged: ByteRange | bool | None = False) -> StreamingResponse:  # fmt: skip
+    """`name` picks the media type (JSON for `.json`); `attachment` names it in Content-Disposition.
+    `ranged`: False where the route serves no Range; None (a whole file) or the span `chunks` hold
+    where it does, which says so in Accept-Ranges. The SHA-256 is always the whole file's."""
     headers = {"x-gridline-sha256": sha256, "content-length": str(size)}
+    status = 200
+    if ranged is not False:
+        headers["accept-ranges"] = "bytes"
+    if isinstance(ranged, ByteRange):
+        start, end = ranged.span(size)
+        headers.update({"content-range": f"bytes {start}-{end - 1}/{size}", "content-length": str(end - start)})
+        status = 206
     if attachment and name:
         headers["content-disposition"] = f'attachment; filename="{name}"'
     media = "application/json" if name and name.endswith(".json") else "application/octet-stream"
-    return StreamingResponse(chunks, media_type=media, headers=headers)
+    return StreamingResponse(chunks, status_code=status, media_type=media, headers=headers)

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse
 
 from serve_app.auth import current_account
-from serve_app.downloads import digest_stream
+from serve_app.downloads import ByteRange, digest_stream
 from serve_app.schemas.merges import MergedWeights, MergedWeightsDeleted
 from serve_app.services import merges
 from serve_app.services import models as service
@@ -19,8 +19,9 @@ router = APIRouter(prefix="/gridline", tags=["adapters"])
 
 @router.get("/adapters/{model}/files/{name}")
 def download_adapter_file(model: str, name: str, request: Request, account: Account = Depends(current_account)):
-    sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name)
-    return digest_stream(chunks, sha256=sha256, size=size, name=name)
+    ranged = ByteRange.parse(request.headers.get("range"))
+    sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name, ranged)
+    return digest_stream(chunks, sha256=sha256, size=size, name=name, ranged=ranged)
 
 
 @router.post("/adapters/{model}/merged", response_model=MergedWeights)
@@ -57,5 +58,6 @@ def download_merged_file(model: str, path: str, request: Request, account: Accou
 
 @router.get("/blobs/{token}", name="download_blob")
 def download_blob(token: str, request: Request):
-    blob, chunks = merges.open_blob(request.app.state.openft, token)
-    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True)
+    ranged = ByteRange.parse(request.headers.get("range"))
+    blob, chunks = merges.open_blob(request.app.state.openft, token, ranged)
+    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True, ranged=ranged)

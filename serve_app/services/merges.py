@@ -29,6 +29,7 @@ from merge.run import preflight
 from merge.worker import DAILY_MERGES, MAX_EXPORT_BYTES, MAX_EXPORTS, merge_request, purge_exports
 from openft.errors import InvalidRequest, NotFound, RateLimited
 from openft.ids import new_id
+from serve_app.downloads import ByteRange, open_object
 from serve_app.schemas.merges import MergedFile, MergedWeights, MergedWeightsDeleted, MergeErrorInfo
 from serve_app.services.blob_tokens import Blob, seal, unseal
 from serve_app.services.models import get_ft_model
@@ -168,12 +169,13 @@ def merged_file_url(state: AppState, account: Account, model: str, path: str,
     return url, entry["sha256"]
 
 
-def open_blob(state: AppState, token: str) -> tuple[Blob, Iterator[bytes]]:
-    """The blob a download token grants and its chunks; 404 for a bad or expired link."""
+def open_blob(state: AppState, token: str, ranged: ByteRange | None = None) -> tuple[Blob, Iterator[bytes]]:
+    """The blob a download token grants and its chunks (the `ranged` span only, when there is one);
+    404 for a bad or expired link."""
     blob = unseal(state.settings.resolved_signing_secret(), token)
     if blob is None or blob.expires <= state.now():
         raise NotFound("This download link is not valid or has expired; request the file through .../merged/files/ again.")
     try:
-        return blob, state.store.iter_chunks(blob.key)
+        return blob, open_object(state.store, blob.key, blob.size, ranged)
     except ObjectNotFound:
         raise NotFound("The file is no longer stored: its export was deleted or expired.") from None

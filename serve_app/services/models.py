@@ -18,6 +18,7 @@ from catalog.bases import BASES
 from jobs.model_names import KeptCheckpoint, resolve_checkpoint, resolve_model
 from merge.worker import purge_exports
 from openft.errors import InvalidRequest, NotFound
+from serve_app.downloads import ByteRange, open_object
 from serve_app.schemas.common import Page
 from serve_app.schemas.models import Model, ModelDeleted
 from serve_app.state import AppState
@@ -123,8 +124,10 @@ def delete_model(state: AppState, account: Account, model: str) -> ModelDeleted:
     return ModelDeleted(id=model, deleted=True)
 
 
-def adapter_file(state: AppState, account: Account, model: str, name: str) -> tuple[str, int, Iterator[bytes]]:
-    """(sha256, size, chunks) of one adapter file of the caller's model."""
+def adapter_file(state: AppState, account: Account, model: str, name: str,
+                 ranged: ByteRange | None = None) -> tuple[str, int, Iterator[bytes]]:  # fmt: skip
+    """(sha256, size, chunks) of one adapter file of the caller's model; `chunks` holds the `ranged`
+    span only, when there is one."""
     if name not in ADAPTER_FILES:
         raise NotFound("An adapter has two files: adapter_model.safetensors and adapter_config.json.", param="path")
     with state.db.session() as session:
@@ -135,7 +138,7 @@ def adapter_file(state: AppState, account: Account, model: str, name: str) -> tu
             row = get_ft_model(session, account, model)
             info, key = row.files[name], f"{row.adapter_prefix}/{name}"
     try:
-        chunks = state.store.iter_chunks(key)
+        chunks = open_object(state.store, key, info["bytes"], ranged)
     except ObjectNotFound:
         raise NotFound("The adapter's files are not available.", param="model") from None
     return info["sha256"], info["bytes"], chunks
