@@ -286,7 +286,8 @@ class Settings(BaseSettings):
         2.0, gt=0, description="How often a job's tracking forwarder reads its new metrics events from the database."
     )
     tracking_timeout_seconds: float = Field(
-        30.0, gt=0, description="How long one call to a tracking server (wandb start, an MLflow request) may take."
+        90.0, gt=0, description="How long one call to a tracking server may take: wandb's start (90 s is wandb's own "
+        "default; it starts a service process first), an MLflow request.",
     )
     # -- end experiment tracking --
 

@@ -6,8 +6,11 @@ its result. One tiny job (12 rows, 1 epoch) on a deployment of its own with its 
 from __future__ import annotations
 
 import io
+import os
+import signal
 import subprocess
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -44,10 +47,26 @@ def mlflow_server(tmp_path_factory):
         except httpx.HTTPError:
             return False
 
-    until(healthy, "mlflow server", timeout=180, interval=0.5)
-    yield url
-    proc.terminate()
-    proc.wait(timeout=30)
+    until(healthy, "mlflow server", timeout=240, interval=0.5)
+    server = Server(url, proc)
+    yield server
+    server.stop()
+
+
+@dataclass
+class Server:
+    url: str
+    proc: subprocess.Popen
+
+    def stop(self) -> None:
+        """The whole process group: `mlflow server` runs uvicorn in a child process of its own."""
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +75,7 @@ def tracking_api(apis, mlflow_server):
 
     from train.controller import start_controller
 
-    api = apis("tracking", wandb_mode="offline", mlflow_tracking_uri=mlflow_server, tracking_poll_seconds=0.5,
+    api = apis("tracking", wandb_mode="offline", mlflow_tracking_uri=mlflow_server.url, tracking_poll_seconds=0.5,
                parity_check=False)
     handle = start_controller(api.settings, name=f"controller-{uuid.uuid4().hex[:6]}")
     yield api
@@ -64,18 +83,34 @@ def tracking_api(apis, mlflow_server):
     ray.kill(handle)
 
 
-@pytest.fixture(scope="module")
-def tracked_job(tracking_api):
-    _, key = tracking_api.create_account()
-    client = tracking_api.client(key)
+def tiny_job(api, **integrations):
+    """A 12-row, 1-epoch stand-in job (3 steps): (client, created job, ended job)."""
+    _, key = api.create_account()
+    client = api.client(key)
     train_rows, _ = ticket_splits()
     upload = client.files.create(file=("t.jsonl", io.BytesIO(tickets_jsonl(train_rows[:12]))), purpose="fine-tune")
-    job = client.fine_tuning.jobs.create(
-        model="qwen2.5-0.5b-instruct", training_file=upload.id, method=SFT, seed=0,
-        integrations=[{"type": "wandb", "wandb": {"project": "p"}},
-                      {"type": "mlflow", "mlflow": {"experiment": "openft-test", "tags": {"team": "nlp"}}}],
-    )
+    job = client.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=upload.id, method=SFT, seed=0,
+                                         **integrations)
     return client, job, wait(client, job.id)
+
+
+@pytest.fixture(scope="module")
+def tracked_job(tracking_api):
+    return tiny_job(tracking_api, integrations=[
+        {"type": "wandb", "wandb": {"project": "p"}},
+        {"type": "mlflow", "mlflow": {"experiment": "openft-test", "tags": {"team": "nlp"}}}])
+
+
+def forwarder_gone(job_id: str) -> bool:
+    import ray
+
+    from train.integrations.forwarder import actor_name
+
+    try:
+        ray.get_actor(actor_name(job_id))
+    except ValueError:
+        return True
+    return False
 
 
 def test_the_job_object_returns_the_integrations_in_openai_shape(tracked_job):
@@ -111,7 +146,7 @@ def test_the_mlflow_run_holds_the_jobs_losses(tracked_job, tracking_api, mlflow_
     from mlflow.tracking import MlflowClient
 
     client, job, ended = tracked_job
-    mlflow = MlflowClient(tracking_uri=mlflow_server)
+    mlflow = MlflowClient(tracking_uri=mlflow_server.url)
     experiment = mlflow.get_experiment_by_name("openft-test")
 
     def finished_run():
@@ -127,3 +162,18 @@ def test_the_mlflow_run_holds_the_jobs_losses(tracked_job, tracking_api, mlflow_
     assert run.data.metrics["trained_tokens"] == ended.trained_tokens
     warns = [e for e in events(client, job.id) if e.level == "warn"]
     assert warns == [], [(e.message, e.data) for e in warns]
+    until(lambda: forwarder_gone(job.id), "the forwarder's exit", timeout=180, interval=0.5)
+
+
+def test_a_tracking_server_that_is_down_warns_and_the_job_still_succeeds(tracked_job, tracking_api, mlflow_server):
+    mlflow_server.stop()  # the tests above have read what they need from it
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(mlflow_server.url + "/health", timeout=5)
+    client, job, ended = tiny_job(tracking_api, integrations=[
+        {"type": "mlflow", "mlflow": {"experiment": "openft-test"}}, {"type": "wandb", "wandb": {"project": "p"}}])
+    assert ended.status == "succeeded", ended.error
+    until(lambda: forwarder_gone(job.id), "the forwarder's exit", timeout=180, interval=0.5)
+    warns = [e.data for e in events(client, job.id) if e.level == "warn"]
+    assert warns == [{"code": "integration_failed", "integration": "mlflow", "stage": "start", "error": "ConnectError"}]
+    run = finished_offline_run(tracking_api.settings.resolved_wandb_dir(), job.id)  # wandb logs on
+    assert [(h["_step"], h["train_loss"]) for h in run.history] == step_losses(client, job.id)
