@@ -96,12 +96,12 @@ class MlflowTracker:
 
     def close(self) -> None:
         """Mark a run the forwarder gives up on as failed, if the server still answers."""
-        if self.run_id is not None:
-            run_id, self.run_id = self.run_id, None
-            try:
+        run_id, self.run_id = self.run_id, None
+        try:
+            if run_id is not None:
                 self._call("POST", "runs/update", json={"run_id": run_id, "status": "FAILED", "end_time": _ms()})
-            finally:
-                self.http.close()
+        finally:
+            self.http.close()
 
 
 def _ms() -> int:
