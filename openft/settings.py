@@ -9,9 +9,10 @@ from __future__ import annotations
 import os
 import secrets
 from pathlib import Path
+from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from openft.pricing import PriceTable
@@ -297,11 +298,36 @@ class Settings(BaseSettings):
     )
     # -- end webhooks --
 
+    # -- experiment tracking (issue 15, integrations/): where a job's `integrations` log --
+    wandb_mode: Literal["off", "online", "offline"] = Field(
+        "off",
+        description="Weights & Biases for jobs that ask for it: off (a wandb integration is refused at create), "
+        "online (to wandb_base_url with wandb_api_key) or offline (run files under wandb_dir, for `wandb sync`).",
+    )
+    wandb_base_url: str | None = Field(None, description="The W&B server (a self-hosted one); unset: wandb's default.")
+    wandb_api_key: SecretStr | None = Field(None, description="The W&B API key every job logs with (online mode).")
+    wandb_dir: Path | None = Field(None, description="Where wandb writes its run files; default <data dir>/wandb.")
+    mlflow_tracking_uri: str | None = Field(
+        None, description="An MLflow tracking server (http(s)://host:port) for jobs with an mlflow integration; unset: "
+        "an mlflow integration is refused at create.",
+    )
+    tracking_poll_seconds: float = Field(
+        2.0, gt=0, description="How often a job's tracking forwarder reads its new metrics events from the database."
+    )
+    tracking_timeout_seconds: float = Field(
+        90.0, gt=0, description="How long one call to a tracking server may take: wandb's start (90 s is wandb's own "
+        "default; it starts a service process first), an MLflow request.",
+    )
+    # -- end experiment tracking --
+
     @field_validator("data_dir")
     @classmethod
     def _absolute_data_dir(cls, value: Path) -> Path:
         # Settings travel to Ray workers, whose working directory is not the caller's.
         return value.expanduser().resolve()
+
+    def resolved_wandb_dir(self) -> Path:
+        return self.wandb_dir or self.data_dir / "wandb"
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.data_dir.resolve() / 'openft.db'}"

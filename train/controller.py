@@ -55,6 +55,7 @@ from storage.db import Database
 from storage.models import File, Job
 from storage.objects import open_object_store
 from train.attempt import AttemptResult, FileRef, RayRuns, RunTicket
+from train.integrations.forwarder import follow as follow_integrations
 from train.parity import ParityAbandoned, check_parity, parity_error, parity_request
 from train.placement import remove_orphans, remove_placement_group
 from train.registration import RegistrationError, register
@@ -228,6 +229,7 @@ class JobController:
     def _drive(self, run: scheduling.Started) -> None:
         try:
             ticket = self._ticket(run)
+            follow_integrations(self.settings, run.job_id, ticket.spec)  # wandb/mlflow, in an actor of their own
             result = self._supervise(run, ticket)
             self.conclude(run, ticket.spec.method_type, result)
         except LeaseLost:

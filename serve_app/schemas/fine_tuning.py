@@ -55,7 +55,9 @@ class FineTuningJob(BaseModel):
     training_file: str
     validation_file: str | None = None
     estimated_finish: int | None = None
-    integrations: list[Any] = []
+    integrations: list[dict[str, Any]] = []
+    """As created: `{"type": "wandb", "wandb": {project, entity, name, tags}}` (OpenAI's shape) or
+    `{"type": "mlflow", "mlflow": {experiment, run_name, tags}}`; see train/integrations/spec.py."""
     metadata: dict[str, str] | None = None
     method: dict[str, Any]
     user_provided_suffix: str | None = None

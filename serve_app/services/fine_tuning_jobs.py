@@ -28,6 +28,7 @@ from serve_app.state import AppState
 from storage import files as files_repo
 from storage import jobs as jobs_repo
 from storage.models import Account, Job
+from train.integrations.spec import check_available as check_integrations
 
 def job_object(job: Job, account: Account) -> FineTuningJob:
     spec = JobSpec.from_record(job.spec)
@@ -48,6 +49,7 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
         validation_file=job.validation_file,
         estimated_finish=job.estimated_finish,
         metadata=job.job_metadata,
+        integrations=list(spec.integrations),
         method=spec.method_wire(),
         user_provided_suffix=job.user_provided_suffix,
         gridline=JobGridline(
@@ -61,6 +63,7 @@ def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
     """Every check that reads no file's rows runs here; a batch results file as training_file (the
     distill shortcut) is distilled and checked later by the controller (jobs/distilling.py)."""
     spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31))
+    check_integrations(spec.integrations, state.settings)
     with state.db.session() as session:
         limits.check_open_jobs(session, account)  # fail fast; checked again under the lock below
     training, validation = job_files(state, account.id, spec)

@@ -13,7 +13,7 @@ Decisions (not fixed by the reference):
   `missing_required_parameter`, `invalid_value` (wrong type or out of range: a string where a
   number is expected is `invalid_value`, as is `true` for an integer), `model_not_available`
   (from the catalog), `unsupported_method` (reinforcement, param `method.type`),
-  `unsupported_parameter` (a non-empty `integrations` list: no Weights & Biases here),
+  `unsupported_parameter` (a credential in `integrations`; train/integrations/spec.py has their rules),
   `conflicting_parameters` (hyperparameters in both places, `learning_rate` with a multiplier,
   `method.dpo` settings on a supervised method), `file_not_found`, `invalid_file_purpose`,
   `file_not_ready`, `invalid_file_format`.
@@ -36,6 +36,7 @@ from catalog.bases import BASES, BaseModelSpec, get_base
 from openft.errors import InvalidRequest, unknown_parameter
 from jobs.spec import JobSpec
 from openft.holdout import holdout_size
+from train.integrations.spec import parse_integrations
 
 CREATE_FIELDS = frozenset(
     {"model", "training_file", "validation_file", "hyperparameters", "method", "seed", "metadata", "suffix", "integrations"}
@@ -95,7 +96,7 @@ def parse_create_request(body: dict, *, seed_factory: Callable[[], int]) -> JobS
     raw, path = _hyperparameters_source(body.get("hyperparameters"), method_hp, method_type)
     hp = _hyperparameters(raw, path, base, method_type, adapter)
     suffix = _suffix(body.get("suffix"))
-    _integrations(body.get("integrations"))
+    integrations = parse_integrations(body.get("integrations"))
     seed = body.get("seed")
     return JobSpec(
         model=base.id,
@@ -107,6 +108,7 @@ def parse_create_request(body: dict, *, seed_factory: Callable[[], int]) -> JobS
         training_file=training_file,
         validation_file=validation_file,
         warnings=("suffix_ignored",) if suffix else (),
+        integrations=integrations,
         **hp,
     )
 
@@ -301,14 +303,6 @@ def _suffix(raw: Any) -> str | None:
     if raw is not None and (not isinstance(raw, str) or len(raw) > SUFFIX_CHARS):
         raise _invalid(f"suffix must be a string of at most {SUFFIX_CHARS} characters.", "suffix")
     return raw
-
-
-def _integrations(raw: Any) -> None:
-    if raw is None or raw == []:
-        return
-    if not isinstance(raw, list):
-        raise _invalid("integrations must be a list.", "integrations")
-    raise _invalid("Integrations (Weights & Biases) are not offered; remove integrations.", "integrations", "unsupported_parameter")
 
 
 def file_not_found(param: str) -> InvalidRequest:

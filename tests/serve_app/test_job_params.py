@@ -249,6 +249,9 @@ def test_seed_metadata_suffix_integrations():
     full = parse({**BASE, "metadata": metadata, "suffix": "s" * 64, "integrations": [], "seed": 2**31 - 1})
     assert (full.metadata, full.suffix, full.warnings, full.seed) == (metadata, "s" * 64, ("suffix_ignored",), 2**31 - 1)
     assert parse({**BASE, "integrations": None, "suffix": None}).warnings == ()
+    wandb = parse({**BASE, "integrations": [{"type": "wandb", "wandb": {"project": "p"}}]})
+    assert wandb.integrations == ({"type": "wandb", "wandb": {"project": "p", "entity": None, "name": None, "tags": None}},)
+    assert JobSpec.from_record(wandb.record()) == wandb
 
 
 # --- refusals ----------------------------------------------------------------------------------
@@ -296,7 +299,8 @@ TOP_REFUSALS = [
     ({"metadata": ["k"]}, "invalid_value", "metadata"),
     ({"suffix": "s" * 65}, "invalid_value", "suffix"),
     ({"suffix": 5}, "invalid_value", "suffix"),
-    ({"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]}, "unsupported_parameter", "integrations"),
+    ({"integrations": [{"type": "wandb", "wandb": {"project": "p", "api_key": "k"}}]}, "unsupported_parameter",
+     "integrations[0].wandb.api_key"),
     ({"integrations": "wandb"}, "invalid_value", "integrations"),
 ]
 

@@ -261,7 +261,13 @@ def test_dpo_hyperparameter_out_of_range(refusals, hp, field, words):
         ({"metadata": {"k" * 65: "v"}}, "invalid_value", "metadata"),
         ({"metadata": {"k": MARKER * 30}}, "invalid_value", "metadata"),
         ({"suffix": "s" * 65}, "invalid_value", "suffix"),
-        ({"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]}, "unsupported_parameter", "integrations"),
+        # This server has no tracking set up; and a credential is refused before that is asked.
+        ({"integrations": [{"type": "wandb", "wandb": {"project": "p"}}]}, "integration_not_available",
+         "integrations[0].type"),
+        ({"integrations": [{"type": "wandb", "wandb": {"project": "p", "api_key": MARKER}}]}, "unsupported_parameter",
+         "integrations[0].wandb.api_key"),
+        ({"integrations": [{"type": "mlflow", "mlflow": {"experiment": "e"}, "token": MARKER}]}, "unsupported_parameter",
+         "integrations[0].token"),
     ],
 )
 def test_request_refusals(refusals, create, code, param):
