@@ -92,8 +92,8 @@ def follow(client, job_id: str, *, poll_seconds: float = 2.0, timeout_seconds: f
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     while True:
         job = client.fine_tuning.jobs.retrieve(job_id)
-        fresh = [e for e in client.fine_tuning.jobs.list_events(job_id, limit=100).data if e.id not in seen]
-        for event in sorted(fresh, key=lambda e: (e.created_at, e.id)):
+        page = client.fine_tuning.jobs.list_events(job_id, limit=100).data  # newest first
+        for event in [e for e in reversed(page) if e.id not in seen]:
             seen.add(event.id)
             if event.type != "metrics":
                 printer(f"{event.level:5} {event.message}")
@@ -105,5 +105,5 @@ def follow(client, job_id: str, *, poll_seconds: float = 2.0, timeout_seconds: f
 
 
 def job_events(client, job_id: str) -> list:
-    """Every event of the job, oldest first (the SDK pages through them)."""
-    return sorted(client.fine_tuning.jobs.list_events(job_id, limit=100), key=lambda e: (e.created_at, e.id))
+    """Every event of the job, oldest first (the SDK pages through them, newest first)."""
+    return list(reversed(list(client.fine_tuning.jobs.list_events(job_id, limit=100))))

@@ -75,7 +75,8 @@ def test_every_bad_line_has_the_code_and_message_an_upload_answers(service, tmp_
         alone = [line if n == row["line"] or n not in dict(BAD) else orjson.dumps(GOOD) for n, line in enumerate(lines, 1)]
         body = _upload_error(client, b"\n".join(alone) + b"\n")
         assert (body["code"], body["message"], body["param"]) == (row["code"], row["message"], "file")
-    assert dk.validate(str(path)).count() == len(BAD)
+    written = dk.write_jsonl(dk.validate(str(path)), str(tmp_path / "bad.jsonl"))
+    assert [orjson.loads(line) for line in open(written, "rb")] == bad
     (tmp_path / "empty.jsonl").write_bytes(b"")
     [empty] = dk.validate(str(tmp_path / "empty.jsonl")).take_all()
     body = _upload_error(client, b"")
@@ -177,3 +178,19 @@ def test_a_refused_results_file_raises_the_endpoints_code_param_and_line(service
     body = theirs.value.body
     assert (mine.value.code, mine.value.param, mine.value.message) == (body["code"], body["param"], body["message"])
     assert mine.value.line == 3
+
+
+def test_upload_sends_the_bytes_from_s3_and_a_path_with_a_finished_bar(service, bucket, tmp_path, capsys):
+    _, client = service
+    name, s3, conf = bucket
+    data = jsonl([chat_row(f"Q{i}", "A.") for i in range(200)])
+    s3.put_object(Bucket=name, Key="up/rows.jsonl", Body=data)
+    (tmp_path / "rows.jsonl").write_bytes(data)
+    for source in (f"s3://{name}/up/rows.jsonl", str(tmp_path / "rows.jsonl")):
+        f = dk.upload(client, source, s3=conf)
+        assert (f.filename, f.bytes, client.files.content(f.id).content) == ("rows.jsonl", len(data), data)
+        bar = capsys.readouterr().err.strip().splitlines()[-1]
+        assert "upload rows.jsonl: 100%" in bar, bar
+    with pytest.raises(openai.BadRequestError) as info:
+        dk.upload(client, FILE, filename="bad.jsonl")
+    assert info.value.body["code"] == "invalid_json" and "line 2" in info.value.body["message"]
