@@ -55,12 +55,13 @@ def _one(source: Source, what: str, s3: S3 | None, staging: str | None) -> Store
 def _common_store(files: list[StoredFile], out_spec: tuple, out_key: str, out_path: str) -> tuple[tuple, list[str], str]:
     """One store holding every input and the output, and the keys in it."""
     specs = [f.store_spec for f in files] + [out_spec]
-    if specs[0][0].startswith("s3://"):
+    on_s3 = {s[0].startswith("s3://") for s in specs}
+    if len(on_s3) > 1:
+        raise ValueError("results, requests and out must be all local or all in one S3 bucket")
+    if on_s3 == {True}:
         if len({s[0] for s in specs}) != 1:
             raise ValueError("results, requests and out must be in one S3 bucket (build_distill reads and writes one store)")
         return specs[0], [f.key for f in files], out_key
-    if any(s[0].startswith("s3://") for s in specs):
-        raise ValueError("results, requests and out must be all local or all in one S3 bucket")
     out_dir = Path(out_path).expanduser().resolve()
     paths = [Path(f.store().local_path(f.key)) for f in files]
     root = Path(os.path.commonpath([str(p) for p in paths] + [str(out_dir)]))

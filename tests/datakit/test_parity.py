@@ -75,6 +75,8 @@ def test_every_bad_line_has_the_code_and_message_an_upload_answers(service, tmp_
         alone = [line if n == row["line"] or n not in dict(BAD) else orjson.dumps(GOOD) for n, line in enumerate(lines, 1)]
         body = _upload_error(client, b"\n".join(alone) + b"\n")
         assert (body["code"], body["message"], body["param"]) == (row["code"], row["message"], "file")
+    # cut into one range per line or two: line numbers and the file's kind carry across the ranges
+    assert dk.validate(str(path), block_bytes=64).take_all() == bad
     written = dk.write_jsonl(dk.validate(str(path)), str(tmp_path / "bad.jsonl"))
     assert [orjson.loads(line) for line in open(written, "rb")] == bad
     (tmp_path / "empty.jsonl").write_bytes(b"")
@@ -109,6 +111,8 @@ def test_render_gives_the_templates_text_and_job_creates_refusal(service, tmp_pa
     rendered = dk.render(str(path), BASE, model_source="standin", cache_dir=api.settings.model_cache_dir).take_all()
     assert [(r["line"], r["code"]) for r in rendered] == [(1, ""), (2, "template_token_in_content")] + [
         (n, "") for n in range(3, 23)]
+    ranged = dk.render(str(path), BASE, model_source="standin", cache_dir=api.settings.model_cache_dir, block_bytes=200)
+    assert ranged.take_all() == rendered
     tokenizer = load_tokenizer(get_base(BASE), parse_model_source("standin"), api.settings.model_cache_dir)
     for r, row in zip(rendered, rows):
         if not r["code"]:
@@ -194,3 +198,47 @@ def test_upload_sends_the_bytes_from_s3_and_a_path_with_a_finished_bar(service, 
     with pytest.raises(openai.BadRequestError) as info:
         dk.upload(client, FILE, filename="bad.jsonl")
     assert info.value.body["code"] == "invalid_json" and "line 2" in info.value.body["message"]
+
+
+def test_distill_of_an_anthropic_batch_is_the_endpoints_files_byte_for_byte(service, tmp_path):
+    _, client = service
+    results, requests, _ = distill_files("anthropic", 120, seed=8)
+    train, held_out, counts = _endpoint_distill(client, results, requests, keep_truncated=True, eval_fraction=0.25)
+    (tmp_path / "results.jsonl").write_bytes(results)
+    (tmp_path / "requests.jsonl").write_bytes(requests)
+    out = dk.distill(str(tmp_path / "results.jsonl"), str(tmp_path / "requests.jsonl"), str(tmp_path / "out"),
+                     keep_truncated=True, eval_fraction=0.25)
+    assert (tmp_path / "out" / "train.jsonl").read_bytes() == train
+    assert (tmp_path / "out" / "eval.jsonl").read_bytes() == held_out
+    assert out.dropped == counts["dropped"] and out.dropped["errored"] > 0
+
+
+def test_refusals_name_the_option_and_write_nothing(service, bucket, tmp_path):
+    from openft.errors import InvalidRequest
+
+    _, client = service
+    name, s3, conf = bucket
+    results, requests, _ = distill_files("openai", 30, seed=1)
+    (tmp_path / "r.jsonl").write_bytes(results)
+    (tmp_path / "q.jsonl").write_bytes(requests)
+    with pytest.raises(InvalidRequest) as mine:
+        dk.distill(str(tmp_path / "r.jsonl"), str(tmp_path / "q.jsonl"), str(tmp_path / "out"), eval_fraction=1.5)
+    res = client.files.create(file=("o.jsonl", io.BytesIO(results)), purpose="batch_output")
+    req = client.files.create(file=("i.jsonl", io.BytesIO(requests)), purpose="batch")
+    with pytest.raises(openai.BadRequestError) as theirs:
+        client.post("/files/distill", body={"results_file": res.id, "requests_file": req.id, "eval_fraction": 1.5},
+                    cast_to=object)
+    assert (mine.value.code, mine.value.param, mine.value.message) == (
+        theirs.value.body["code"], theirs.value.body["param"], theirs.value.body["message"])
+    s3.put_object(Bucket=name, Key="r/results.jsonl", Body=results)
+    with pytest.raises(ValueError, match="one S3 bucket"):
+        dk.distill(f"s3://{name}/r/results.jsonl", f"s3://{name}/r/results.jsonl", f"s3://other-{name}/out", s3=conf)
+    with pytest.raises(ValueError, match="all local or all in one S3 bucket"):
+        dk.distill(f"s3://{name}/r/results.jsonl", str(tmp_path / "q.jsonl"), str(tmp_path / "out"), s3=conf)
+    with pytest.raises(InvalidRequest) as base:
+        dk.render(str(tmp_path / "q.jsonl"), "gpt-4o")
+    assert (base.value.code, base.value.param) == ("model_not_available", "model")
+    with pytest.raises(FileNotFoundError):
+        dk.validate(str(tmp_path / "nothing-*.jsonl"))
+    assert not (tmp_path / "out").exists()
+    assert [o["Key"] for o in s3.list_objects_v2(Bucket=name, Prefix="r/")["Contents"]] == ["r/results.jsonl"]
