@@ -12,8 +12,9 @@ directory by default: good for a one-node cluster; on several nodes pass an `s3:
 every node reaches). Its rows are taken as: `bytes` + `path` columns (`ray.data.read_binary_files(...,
 include_paths=True)`): each row a whole file, bytes as they are; a `text` column (`ray.data.read_text`,
 pass `drop_empty_lines=False` to keep line numbers): one line per row; any other rows: one JSON object
-per row (`orjson.dumps` of the row; note that `read_json` fills absent fields with nulls, which the
-line rules refuse, so read JSONL with `read_text`).
+per row (`orjson.dumps` of the row without its null fields: Arrow, under `from_items` and `read_json`,
+fills a field a row lacks with null; so a null the row really held is dropped too: read JSONL with
+`read_text` to check it as written).
 """
 
 from __future__ import annotations
@@ -125,9 +126,10 @@ def _stage(ds: Any, *, s3: S3 | None, staging: str | None) -> list[StoredFile]:
 
 
 def _plain(value: Any) -> Any:
-    """Pandas/numpy values from a Dataset as the plain JSON values the row was made of."""
+    """Numpy values from a Dataset as the plain JSON values the row was made of. Arrow gives every
+    row every field its schema has, null where the row had none, so null fields are dropped."""
     if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
+        return {k: _plain(v) for k, v in value.items() if v is not None}
     if hasattr(value, "tolist"):
         return _plain(value.tolist())
     if isinstance(value, (list, tuple)):

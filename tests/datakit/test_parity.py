@@ -75,8 +75,6 @@ def test_every_bad_line_has_the_code_and_message_an_upload_answers(service, tmp_
         alone = [line if n == row["line"] or n not in dict(BAD) else orjson.dumps(GOOD) for n, line in enumerate(lines, 1)]
         body = _upload_error(client, b"\n".join(alone) + b"\n")
         assert (body["code"], body["message"], body["param"]) == (row["code"], row["message"], "file")
-    # cut into one range per line or two: line numbers and the file's kind carry across the ranges
-    assert dk.validate(str(path), block_bytes=64).take_all() == bad
     written = dk.write_jsonl(dk.validate(str(path)), str(tmp_path / "bad.jsonl"))
     assert [orjson.loads(line) for line in open(written, "rb")] == bad
     (tmp_path / "empty.jsonl").write_bytes(b"")
@@ -111,8 +109,6 @@ def test_render_gives_the_templates_text_and_job_creates_refusal(service, tmp_pa
     rendered = dk.render(str(path), BASE, model_source="standin", cache_dir=api.settings.model_cache_dir).take_all()
     assert [(r["line"], r["code"]) for r in rendered] == [(1, ""), (2, "template_token_in_content")] + [
         (n, "") for n in range(3, 23)]
-    ranged = dk.render(str(path), BASE, model_source="standin", cache_dir=api.settings.model_cache_dir, block_bytes=200)
-    assert ranged.take_all() == rendered
     tokenizer = load_tokenizer(get_base(BASE), parse_model_source("standin"), api.settings.model_cache_dir)
     for r, row in zip(rendered, rows):
         if not r["code"]:
@@ -128,6 +124,43 @@ def test_render_gives_the_templates_text_and_job_creates_refusal(service, tmp_pa
     assert pref["code"] == "" and pref["text"].endswith("<|im_start|>assistant\n") and pref["chosen"] == "Paris.<|im_end|>"
 
 
+@pytest.mark.heavy  # make test-heavy: a Ray Data job per variant
+def test_datasets_local_paths_and_many_ranges_give_the_same_results(service, tmp_path):
+    import ray
+
+    api, client = service
+    path = tmp_path / "rows.jsonl"
+    path.write_bytes(FILE)
+    bad = dk.validate(str(path)).take_all()
+    assert [(r["line"], r["code"]) for r in bad] == BAD
+    from_text = dk.validate(ray.data.read_text(str(path), drop_empty_lines=False), staging=str(tmp_path / "s"))
+    assert [{**r, "path": str(path)} for r in from_text.take_all()] == bad
+    rows = [GOOD, chat_row(extra_messages=[message("user", "more?"), message("assistant", "No.", weight=1)])]
+    assert dk.validate(ray.data.from_items(rows), staging=str(tmp_path / "s")).count() == 0
+    # cut into one range per line or two: line numbers and the file's kind carry across the ranges
+    assert dk.validate(str(path), block_bytes=64).take_all() == bad
+    rendered = dk.render(str(path), BASE, model_source="standin", cache_dir=api.settings.model_cache_dir)
+    ranged = dk.render(str(path), BASE, model_source="standin", cache_dir=api.settings.model_cache_dir, block_bytes=200)
+    assert ranged.take_all() == rendered.take_all()
+    assert [r["line"] for r in rendered.take_all() if r["code"] == ""] == [1, 3, 7] and len(rendered.take_all()) == 8
+
+    results, requests, _ = distill_files("openai", 240, seed=5)
+    train, held_out, _ = _endpoint_distill(client, results, requests, require_json=True, seed=3)
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "output.jsonl").write_bytes(results)
+    (tmp_path / "in" / "input.jsonl").write_bytes(requests)
+    local = dk.distill(str(tmp_path / "in" / "output.jsonl"), str(tmp_path / "in" / "input.jsonl"), str(tmp_path / "out"),
+                       require_json=True, seed=3)
+    assert (tmp_path / "out" / "train.jsonl").read_bytes() == train
+    assert (tmp_path / "out" / "eval.jsonl").read_bytes() == held_out
+    ds_train, _ = local.datasets()
+    assert [r["text"] for r in ds_train.take_all()] == train.decode().splitlines()
+
+    datasets = [ray.data.read_text(str(tmp_path / "in" / f), drop_empty_lines=False) for f in ("output.jsonl", "input.jsonl")]
+    dk.distill(*datasets, str(tmp_path / "from-ds"), require_json=True, seed=3, staging=str(tmp_path / "staging"))
+    assert (tmp_path / "from-ds" / "train.jsonl").read_bytes() == train
+
+
 def _endpoint_distill(client, results: bytes, requests: bytes, **options) -> tuple[bytes, bytes, dict]:
     res = client.files.create(file=("out.jsonl", io.BytesIO(results)), purpose="batch_output")
     req = client.files.create(file=("in.jsonl", io.BytesIO(requests)), purpose="batch")
@@ -136,9 +169,7 @@ def _endpoint_distill(client, results: bytes, requests: bytes, **options) -> tup
             client.files.content(out["validation_file"]["id"]).content, out["counts"])
 
 
-def test_distill_from_s3_a_path_and_a_dataset_is_the_endpoints_files_byte_for_byte(service, bucket, tmp_path):
-    import ray
-
+def test_distill_from_s3_is_the_endpoints_files_byte_for_byte(service, bucket):
     _, client = service
     name, s3, conf = bucket
     results, requests, _ = distill_files("openai", 240, seed=5)
@@ -154,19 +185,6 @@ def test_distill_from_s3_a_path_and_a_dataset_is_the_endpoints_files_byte_for_by
     assert not [k for k in s3.list_objects_v2(Bucket=name, Prefix="distilled/").get("Contents", [])
                 if k["Key"] not in ("distilled/train.jsonl", "distilled/eval.jsonl")]
 
-    (tmp_path / "in").mkdir()
-    (tmp_path / "in" / "output.jsonl").write_bytes(results)
-    (tmp_path / "in" / "input.jsonl").write_bytes(requests)
-    local = dk.distill(str(tmp_path / "in" / "output.jsonl"), str(tmp_path / "in" / "input.jsonl"), str(tmp_path / "out"),
-                       require_json=True, seed=3)
-    assert (tmp_path / "out" / "train.jsonl").read_bytes() == train
-    assert (tmp_path / "out" / "eval.jsonl").read_bytes() == held_out
-    ds_train, _ = local.datasets()
-    assert [r["text"] for r in ds_train.take_all()] == train.decode().splitlines()
-
-    datasets = [ray.data.read_text(str(tmp_path / "in" / f), drop_empty_lines=False) for f in ("output.jsonl", "input.jsonl")]
-    dk.distill(*datasets, str(tmp_path / "from-ds"), require_json=True, seed=3, staging=str(tmp_path / "staging"))
-    assert (tmp_path / "from-ds" / "train.jsonl").read_bytes() == train
 
 
 def test_a_refused_results_file_raises_the_endpoints_code_param_and_line(service, tmp_path):
