@@ -153,3 +153,14 @@ def test_no_local_path_is_handed_to_a_ray_task_or_actor():
             if hits := local_paths_handed_to_ray(tree):
                 found[str(path.relative_to(ROOT))] = hits
     assert found == {}, found
+
+
+def test_the_notebook_api_is_a_top_floor_that_nothing_imports():
+    for package in (*PACKAGES, "batches"):
+        for path, tree in modules(package):
+            bad = sorted(m for m in imported(tree) if m.split(".")[0] == "datakit")
+            assert not bad, f"{path.relative_to(ROOT)} imports {bad}"
+    for path, tree in modules("datakit"):
+        assert not local_paths_handed_to_ray(tree), path
+        above = sorted(m for m in imported(tree) if m.split(".")[0] in ("entrypoints", "serve_app", "jobs", "train"))
+        assert not above, f"{path.relative_to(ROOT)} imports {above}"
