@@ -47,20 +47,40 @@ def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
 
 
+def readme_serve_environment() -> dict[str, str]:
+    """The variables the README's first `openft serve` line sets (`NAME=value openft serve`)."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    line = next(line for line in readme.splitlines() if "openft serve" in line and not line.startswith(("#", "|")))
+    words = line.split("#", 1)[0].split()
+    return dict(word.split("=", 1) for word in words[: words.index("openft")])
+
+
+def test_the_readmes_first_serve_line_names_the_offline_model_source():
+    from openft.settings import Settings
+
+    assert readme_serve_environment() == {"OPENFT_MODEL_SOURCE": "standin"}
+    assert Settings().model_source == "hub"  # what the README says the default is, and why the line sets it
+
+
 @pytest.mark.heavy  # make test-heavy: beyond make test's budget
 def test_accounts_create_then_serve_until_sigterm():
-    data_dir = Path(tempfile.mkdtemp(prefix="oftcli-"))
+    # The README's two first commands as written, from one directory: no --data-dir on either, so
+    # both use the one default (./.openft), and each names it; the key then works on that server.
+    workdir = Path(tempfile.mkdtemp(prefix="oftcli-"))
+    data_dir = workdir / ".openft"
+    env = {**_env(), **readme_serve_environment()}
     created = subprocess.run(
-        [*OPENFT, "accounts", "create", "alice", "--data-dir", str(data_dir), "--open-jobs", "2"],
-        capture_output=True, text=True, env=_env(), timeout=120, check=True,
+        [*OPENFT, "accounts", "create", "alice", "--open-jobs", "2"],
+        capture_output=True, text=True, env=_env(), timeout=120, check=True, cwd=workdir,
     )
     key = created.stdout.strip().splitlines()[-1]
     assert key.startswith("sk-openft-") and "alice" not in key
+    assert f"openft: data dir {data_dir} (from default)" in created.stderr
 
     port = free_port()
     server = subprocess.Popen(
-        [*OPENFT, "serve", "--data-dir", str(data_dir), "--port", str(port)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True,
+        [*OPENFT, "serve", "--port", str(port)], cwd=workdir,
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )
     try:
         lines = []
@@ -73,8 +93,10 @@ def test_accounts_create_then_serve_until_sigterm():
                 break
         base_url = line.split(": ", 1)[1].strip()
         assert base_url == f"http://127.0.0.1:{port}/v1"
+        assert f"openft: data dir {data_dir} (from default)" in "".join(lines)
         client = openai.OpenAI(base_url=base_url, api_key=key, max_retries=0)
         assert client.files.list().data == []
+        assert any(m.id == "qwen2.5-0.5b-instruct" for m in client.models.list().data)  # offline: the stand-ins
         assert (data_dir / "ray_auth_token").exists()
         assert (data_dir / "openft.db").exists()
         in_flight = [SlowUpload(base_url, key).start() for _ in range(3)]
