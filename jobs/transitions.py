@@ -256,7 +256,8 @@ def start(session: Session, job_id: str, now: int, *, owner: str, lease_s: int, 
     job.started_at = job.started_at or now
     job.attempts += 1
     job.lease_owner, job.lease_expires_at, job.progress_at = owner, now + lease_s, now
-    metrics.record_queue_wait(now - (job.waiting_since if job.waiting_since is not None else job.created_at), model=job.model)
+    waited = now - (job.waiting_since if job.waiting_since is not None else job.created_at)
+    metrics.record_queue_wait(waited, model=job.model)
     job.run_started_at, job.waiting_since = now, None
     add_event(session, job.id, now, "Fine-tuning job started.")
     return Moved(True, "running")
