@@ -33,6 +33,7 @@ from sqlalchemy import select, update
 from batches import transitions
 from batches.scheduling import Claim
 from jobs.model_names import resolve_model
+from openft import metrics
 from openft.ids import batch_request_id
 from openft.ids import file_id as new_file_id
 from openft.settings import Settings
@@ -251,6 +252,7 @@ def run(ctx: Context, claim: Claim) -> None:
     beat = Heartbeat(ctx, claim, batch.plan["lines"])
     beat.beat()
     beat.thread.start()
+    started = time.monotonic()
     try:
         outcome = run_batch(plan, settings=ctx.settings, store_spec=ctx.store.spec(), should_stop=beat.should_stop,
                             on_progress=beat.on_progress)
@@ -258,6 +260,7 @@ def run(ctx: Context, claim: Claim) -> None:
         beat.done.set()
     if beat.lost or ctx.stopping.is_set():
         raise LeaseLost()
+    metrics.record_batch(outcome.completion_tokens, time.monotonic() - started, model=plan.base_id)
     finish(ctx, claim, batch, plan, outcome)
 
 

@@ -25,6 +25,12 @@ SERVE_STOP_MARGIN_S = 2.0
 # Ray puts unix sockets under its temp dir; their paths must stay under the kernel's 107 bytes.
 _MAX_TEMP_DIR = 60
 
+# The environment of every task and actor this service starts (the job's runtime_env, so also on a
+# cluster joined at RAY_ADDRESS whose nodes were started without it). Ray Train 2.60 reads its
+# switch in the process that calls `TorchTrainer.fit` (the attempt task): with it on, runs are
+# listed by name under the dashboard's Train tab (`/api/train/v2/runs/v1`).
+RAY_JOB_ENV = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
+
 
 def ray_temp_dir(settings: Settings) -> Path:
     path = settings.ray_temp_dir
@@ -57,9 +63,10 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
 
     if ray.is_initialized():
         return ray.get_runtime_context()
-    # Ray Data's progress bars go to the driver's stderr; keep operator logs readable.
+    runtime_env = {"env_vars": dict(RAY_JOB_ENV)}
+    # log_to_driver off: Ray Data's progress bars go to the driver's stderr; keep operator logs readable.
     if settings.ray_address:
-        return ray.init(address=settings.ray_address, log_to_driver=False)
+        return ray.init(address=settings.ray_address, log_to_driver=False, runtime_env=runtime_env)
     temp_dir = ray_temp_dir(settings)
     temp_dir.mkdir(parents=True, exist_ok=True)
     return ray.init(
@@ -73,6 +80,7 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
         # ten on a laptop. Ray expects at most 4x its startup concurrency (the CPU count, so 8 on two
         # cores) and otherwise prints a warning meant for runaway task fan-out.
         _system_config={"worker_maximum_startup_concurrency": max(4, num_cpus or os.cpu_count() or 1)},
+        runtime_env=runtime_env,
     )
 
 

@@ -47,6 +47,7 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select, update
 from sqlalchemy.orm import Session
 
+from openft import metrics
 from storage import billing
 from storage.jobs import ENDED_STATUSES, add_event
 from storage.models import Account, Job, SchedulerLock
@@ -257,6 +258,8 @@ def start(session: Session, job_id: str, now: int, *, owner: str, lease_s: int, 
     job.started_at = job.started_at or now
     job.attempts += 1
     job.lease_owner, job.lease_expires_at, job.progress_at = owner, now + lease_s, now
+    waited = now - (job.waiting_since if job.waiting_since is not None else job.created_at)
+    metrics.record_queue_wait(waited, model=job.model)
     job.run_started_at, job.waiting_since = now, None
     add_event(session, job.id, now, "Fine-tuning job started.")
     return Moved(True, "running")

@@ -45,6 +45,7 @@ class MergeRequest:
     export_prefix: str
     deadline_s: float = 900.0
     adapter_sha256: dict[str, str] | None = None  # expected digests of the two adapter files
+    model: str = ""  # the `ft:` model merged: names the shard tasks on the Ray dashboard
 
 
 @dataclass
@@ -100,9 +101,9 @@ def run_merge(req: MergeRequest, store: ObjectStore | None = None) -> MergeResul
 def _write(req, store, prefix, deadline, plan: MergePlan, adapter: LoraAdapter, adapter_bytes, adapter_sha256,
            base_dir: Path, extra_licences: dict[str, Path], attribution: str) -> MergeResult:  # fmt: skip
     adapter_ref = ray.put(np.frombuffer(adapter_bytes, dtype=np.uint8))
-    # Named for the Ray dashboard: which base and shard a running task is merging.
+    # Named for the Ray dashboard: which model (else base) and shard a running task is merging.
     tasks = [
-        _merge_shard.options(name=f"merge {adapter.base.id} {job.path}").remote(
+        _merge_shard.options(name=f"merge {req.model or adapter.base.id} {job.path}").remote(
             req, job, store, f"{prefix}/{job.path}", adapter_ref, adapter.scale
         )
         for job in plan.shards

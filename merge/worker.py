@@ -18,6 +18,7 @@ import time
 
 from merge.errors import MergeError
 from merge.run import MergeRequest, MergeResult, run_merge
+from openft import metrics
 from openft.settings import Settings
 from storage import merges as repo
 from storage.db import Database
@@ -49,6 +50,7 @@ def merge_request(settings: Settings, store: ObjectStore, merge: Merge, adapter_
         export_prefix=merge.export_prefix,
         deadline_s=settings.merge_deadline_seconds,
         adapter_sha256=dict(merge.adapter_sha256),
+        model=merge.model,
     )
 
 
@@ -100,8 +102,10 @@ def process_merge(settings: Settings, merge_id: str, *, db: Database | None = No
                 return None
             adapter_prefix = session.get(FineTunedModel, merge.model).adapter_prefix
             req = merge_request(settings, store, merge, adapter_prefix)
+        started = time.monotonic()
         try:
             outcome: MergeResult | MergeError = run_merge(req, store)
+            metrics.record_merge(sum(f["bytes"] for f in outcome.files), time.monotonic() - started, model=req.base_id)
         except MergeError as exc:
             outcome = exc
         with db.session() as session:

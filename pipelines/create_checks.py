@@ -85,9 +85,10 @@ def _check_range(item: dict[str, Any], *, store_spec: tuple, key: str, row_kind:
 
 def check_file_for_base(
     store_spec: tuple, key: str, *, row_kind: str, base: BaseModelSpec, model_source: str, cache_root: Path,
-    param: str, inline_bytes: int, block_bytes: int,
+    param: str, inline_bytes: int, block_bytes: int, name: str | None = None,
 ) -> None:
-    """Raise the refusal of the file's first bad row (its line number in the message), or return."""
+    """Raise the refusal of the file's first bad row (its line number in the message), or return.
+    `name` names the Ray Data dataset of a file past `inline_bytes` (`<file id> check <base>`)."""
     store = open_object_store(*store_spec)
     size = store.size(key)
     if size <= inline_bytes:
@@ -105,6 +106,7 @@ def check_file_for_base(
     ds = ray.data.from_items(items, override_num_blocks=len(items))
     ds.context.op_resource_reservation_enabled = False
     ds.context.enable_progress_bars = False
+    ds.set_name(name)
     results = sorted(
         ds.map(_check_range, fn_kwargs={
             "store_spec": tuple(store_spec), "key": key, "row_kind": row_kind, "base_id": base.id,

@@ -223,12 +223,13 @@ def build_distill(
     *,
     block_bytes: int = 8 << 20,
     max_cpus: float | None = None,
+    name: str | None = None,
 ) -> DistillResult:
     """Distill stored `results_key` with `requests_key` into `<out_prefix>/{train,eval}.jsonl`.
 
     Raises DistillError (results_file checked first). The files are read in ranges of about
     `block_bytes`, and the join runs in as many key ranges; `max_cpus` caps the CPUs this job's
-    tasks use. Ray must be initialised.
+    tasks use; `name` names the Ray Data dataset (`<file id> distill`). Ray must be initialised.
     """
     store = open_object_store(*store_spec)
     keys = (results_key, requests_key)
@@ -247,6 +248,7 @@ def build_distill(
         # running yet; the read and the join run one after the other around the shuffle.
         ds.context.op_resource_reservation_enabled = False
         ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
+        ds.set_name(name)
         if max_cpus is not None:
             ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(
                 cpu=max_cpus

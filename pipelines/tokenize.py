@@ -5,7 +5,7 @@ Where it sits: after job create (render checks passed) and before training. The 
 rows with the pure functions below and writes one Parquet shard per range to the object store under a
 key derived from (file sha256, base id, revision, max_seq_length, method), then a `manifest.json`
 last; a later job on the same file and settings finds the manifest and reuses the shards. The Ray
-Train workers read the shards with `tokenized_dataset` (Ray Data `read_parquet`).
+Train workers read the shards with `tokenized_dataset` (one Ray Data task per shard).
 
 Loss mask (supervised): each row is rendered with the base's chat template (`render_row`), which
 gives the char span of every message; the rendered text is encoded with `add_special_tokens=False`
@@ -23,8 +23,10 @@ completions are cut so that prompt + completion fits `max_seq_length`; a prompt 
 skips the row.
 
 Shards are written through the store's own writer (pyarrow into memory, then `put_bytes`), the same
-code on the local and the S3 backend, and each object appears whole or not at all. Reading uses
-the store's pyarrow filesystem (storage/arrow.py): local, or S3 with the store's endpoint.
+code on the local and the S3 backend, and each object appears whole or not at all. Reading goes
+through the store too, one task per shard named in the manifest: Ray Data's `read_parquet` (2.60)
+starts a pool of 32 `FooterReader` actors per read to list footers the manifest already lists, and
+each attempt's train and eval reads left 64 dead actors on the dashboard.
 """
 
 from __future__ import annotations
@@ -313,8 +315,10 @@ def build_tokenized(
     method: str,
     *,
     block_bytes: int = 4 << 20,
+    name: str | None = None,
 ) -> TokenizedRef:
     """Tokenize the stored JSONL `source_key` (or reuse an earlier run's shards). Ray must be initialised.
+    `name` names the Ray Data dataset on the Ray dashboard (`<job id> tokenize`).
 
     Raises TrainingError: `invalid_row` / `template_mismatch` for the first row that cannot be
     tokenized, `context_too_long` when no row keeps a trained token within `max_seq_length`.
@@ -345,6 +349,7 @@ def build_tokenized(
         if items:
             ds = ray.data.from_items(items, override_num_blocks=len(items))
             ds.context.op_resource_reservation_enabled = False  # see validate_ray.py: one operator, all CPUs
+            ds.set_name(name)
             results = sorted(ds.map(_tokenize_range, fn_kwargs=fn_kwargs).take_all(), key=lambda r: r["index"])
         failed = [r for r in results if r["error_code"]]
         if failed:
@@ -377,13 +382,23 @@ def read_tokenized(store, prefix: str) -> list[dict]:
     return sorted(rows, key=lambda r: r["line"])
 
 
-def tokenized_dataset(store_spec: tuple, prefix: str):
-    """The shards under `prefix` as a Ray Data dataset (for TorchTrainer `datasets=`)."""
+def _read_shards(batch: pa.Table, *, store_spec: tuple) -> pa.Table:
+    from storage.objects import open_object_store
+
+    store = open_object_store(*store_spec)
+    return pa.concat_tables([pq.read_table(io.BytesIO(store.get_bytes(key))) for key in batch["key"].to_pylist()])
+
+
+def tokenized_dataset(store_spec: tuple, prefix: str, *, name: str | None = None):
+    """The shards under `prefix` as a Ray Data dataset (for TorchTrainer `datasets=`), named `name`
+    on the Ray dashboard."""
     import ray
 
-    from storage.arrow import arrow_root
     from storage.objects import open_object_store
 
     ref = load_ref(open_object_store(*store_spec), prefix)
-    fs, root = arrow_root(store_spec)
-    return ray.data.read_parquet([f"{root}/{k}" for k in ref.shards], filesystem=fs)
+    items = [{"key": key} for key in ref.shards]
+    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    ds = ds.map_batches(_read_shards, batch_size=1, batch_format="pyarrow", fn_kwargs={"store_spec": tuple(store_spec)})
+    ds.set_name(name)
+    return ds

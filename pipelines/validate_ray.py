@@ -89,12 +89,13 @@ def build_validation(
     block_bytes: int = 64 << 20,
     head_stats: FileStats | None = None,
     max_bytes: int = MAX_FILE_BYTES,
+    name: str | None = None,
 ) -> FileStats:
     """Check the lines of stored object `key` from `start_offset` (line `start_line`) to its end.
 
     `head_stats` are the statistics of the part before `start_offset`; the result covers the
     whole file. `block_bytes` caps one task's range. Raises FileValidationError with the first
-    invalid line. Ray must be initialised.
+    invalid line. `name` names the Ray Data dataset (`<file id> validate`). Ray must be initialised.
     """
     store = open_object_store(*store_spec)
     size = store.size(key)
@@ -109,6 +110,7 @@ def build_validation(
         # one, and with reservation on it ran one task at a time on a 2-CPU node (2x slower).
         ds.context.op_resource_reservation_enabled = False
         ds.context.enable_progress_bars = False  # a server-side job: bars only cost the driver CPU
+        ds.set_name(name)
         fn_kwargs = {"store_spec": tuple(store_spec), "key": key, "purpose": purpose}
         rows = ds.map(_scan_range, fn_kwargs=fn_kwargs).take_all()
         for row in sorted(rows, key=lambda r: r["index"]):

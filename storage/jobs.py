@@ -81,3 +81,20 @@ def list_events(session: Session, job_id: str, *, limit: int, after: str | None)
             query = query.where(JobEvent.seq < cursor_seq)
     rows = session.scalars(query.order_by(JobEvent.seq.desc()).limit(limit + 1)).all()
     return rows[:limit], len(rows) > limit
+
+
+def count_by_status(session: Session) -> dict[str, int]:
+    """Jobs per status, every status present (0 where none), for the `openft_jobs` gauge."""
+    counts = dict.fromkeys((*OPEN_STATUSES, *ENDED_STATUSES), 0)
+    counts.update(session.execute(select(Job.status, func.count()).group_by(Job.status)).tuples().all())
+    return counts
+
+
+def first_step_seconds(session: Session, job_id: str) -> float | None:
+    """Seconds from the current run's start to its first metrics event (None before either)."""
+    job = session.get(Job, job_id)
+    if job is None or job.run_started_at is None:
+        return None
+    first = session.scalar(select(func.min(JobEvent.created_at)).where(
+        JobEvent.job_id == job_id, JobEvent.type == "metrics", JobEvent.created_at >= job.run_started_at))
+    return None if first is None else float(first - job.run_started_at)

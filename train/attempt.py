@@ -45,8 +45,10 @@ class RunTicket:
 
     @property
     def run_name(self) -> str:
-        # Ray Train V2 reloads a reused run name's state: unique per attempt.
-        return f"{self.job_id}-a{self.attempt}-{self.owner.rsplit('.', 1)[-1]}"
+        # Ray Train V2 reloads a reused run name's state: unique per attempt (a pause gives the
+        # resumed run the same attempt number, hence the lease's suffix). The Train dashboard lists
+        # runs by this name, so it starts with the job id.
+        return f"{self.job_id}-attempt-{self.attempt}-{self.owner.rsplit('.', 1)[-1]}"
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
     def tokenized(ref: FileRef):
         wait_while_marked(db, ref.sha256)  # the reaper may be deleting these bytes' shards
         return build_tokenized(store.spec(), ref.object_key, ref.sha256, base.id, source, settings.model_cache_dir,
-                               spec.max_seq_length, spec.method_type)
+                               spec.max_seq_length, spec.method_type, name=f"{ticket.job_id} tokenize")
 
     try:
         train_ref = tokenized(ticket.training)

@@ -45,6 +45,7 @@ from catalog.bases import get_base
 from jobs import distilling, scheduling, transitions
 from jobs.spec import JobSpec
 from merge.worker import run_pending_merges
+from openft import metrics
 from openft.head_node import HEAD_NODE_RESOURCES
 from openft.settings import Settings
 from serve_app.services.distill import distill_job
@@ -127,6 +128,8 @@ class JobController:
             self.batches[claim.batch_id] = (claim.owner, thread)
             thread.start()
         run_pending_merges(self.settings, self.db, self.store, now=now, background=True)
+        with self.db.session() as session:
+            metrics.set_jobs_by_status(jobs_repo.count_by_status(session))
         return [run.job_id for run in started]
 
     def run_forever(self) -> None:
@@ -341,10 +344,15 @@ class JobController:
                 except RegistrationError as exc:
                     transitions.run_refused(session, job, run.owner, now, exc.code, exc.message)
                     return
+                first_step_s = jobs_repo.first_step_seconds(session, job.id)
                 jobs_repo.add_event(session, job.id, now, "Training finished.", type="metrics", data=job.result)
                 transitions.run_succeeded(session, job, run.owner, now)
+                return job.model, first_step_s, job.trained_tokens
 
-        self._write(finish, "register")
+        figures = self._write(finish, "register")
+        if figures:  # recorded once the registration is committed, not in a try the write may repeat
+            metrics.record_run(model=figures[0], first_step_s=figures[1], trained_tokens=figures[2],
+                               loop_s=(result.result or {}).get("seconds"))
 
     def _parity(self, run: scheduling.Started) -> dict | None:
         """The serving-parity check's figures (train/parity.py), run as a Ray task while this thread

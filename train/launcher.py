@@ -146,9 +146,9 @@ def run_training(
     from storage.objects import open_object_store
 
     store = open_object_store(*job.store_spec)
-    datasets = {"train": tokenized_dataset(job.store_spec, job.train_prefix)}
+    datasets = {"train": tokenized_dataset(job.store_spec, job.train_prefix, name=f"{job.job_id} train")}
     if job.eval_prefix is not None:
-        datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix)
+        datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix, name=f"{job.job_id} eval")
     file_rows = load_ref(store, job.train_prefix).report["rows"]
     storage_fs, storage_path = arrow_location(job.store_spec, keys.train_runs(job.job_id))
     trainer = TorchTrainer(

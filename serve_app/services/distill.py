@@ -93,7 +93,8 @@ def _make(state: AppState, account: Account, results: File, requests: File, opti
     file_limits.check(state.settings, count, used, files=1, nbytes=1)  # before the pipeline runs
     out_prefix = keys.distill_output(account.id, new_file_id())
     try:
-        out = build_distill(state.store.spec(), results.object_key, requests.object_key, out_prefix, options)
+        out = build_distill(state.store.spec(), results.object_key, requests.object_key, out_prefix, options,
+                            name=f"{results.id} distill")
         if not keep():
             state.store.delete_prefix(out_prefix + "/")
             return None
@@ -127,14 +128,15 @@ def _make(state: AppState, account: Account, results: File, requests: File, opti
 
 
 def _new_file(state: AppState, key: str, name: str, derived: dict) -> NewFile:
-    stats = finish_validation(state, key, "fine-tune", None)
+    new_id = new_file_id()
+    stats = finish_validation(state, key, "fine-tune", None, file_id=new_id)
     digest, size = hashlib.sha256(), 0
     for chunk in state.store.iter_chunks(key):
         digest.update(chunk)
         size += len(chunk)
     filename = "distilled-train.jsonl" if name == "training_file" else "distilled-validation.jsonl"
     return NewFile(
-        file_id=new_file_id(), key=key, filename=filename, purpose="fine-tune", size=size,
+        file_id=new_id, key=key, filename=filename, purpose="fine-tune", size=size,
         sha256=digest.hexdigest(), stats=stats, derived_from={**derived, "role": name},
     )
 

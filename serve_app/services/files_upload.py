@@ -31,6 +31,7 @@ from typing import AsyncIterator, Mapping
 
 from starlette.requests import ClientDisconnect
 
+from openft import metrics
 from openft.errors import InvalidRequest, PayloadTooLarge, ServiceError
 from openft.ids import file_id as new_file_id
 from pipelines.validate import FileStats, FileValidationError, StreamingValidator
@@ -87,9 +88,11 @@ def new_validator(state: AppState, purpose: str) -> StreamingValidator:
     )
 
 
-def finish_validation(state: AppState, key: str, purpose: str, validator: StreamingValidator | None) -> FileStats:
-    """Stats of the stored object `key`: from the validator its bytes streamed through, or (None)
-    by streaming the stored object; lines past the inline threshold are checked on Ray Data."""
+def finish_validation(state: AppState, key: str, purpose: str, validator: StreamingValidator | None,
+                      *, file_id: str) -> FileStats:  # fmt: skip
+    """Stats of the stored object `key` (file `file_id`): from the validator its bytes streamed
+    through, or (None) by streaming the stored object; lines past the inline threshold are checked
+    on Ray Data."""
     try:
         if validator is None:
             validator = new_validator(state, purpose)
@@ -97,11 +100,14 @@ def finish_validation(state: AppState, key: str, purpose: str, validator: Stream
                 validator.feed(chunk)
         stats = validator.finish()
         if not validator.complete:
+            started = time.monotonic()
             stats = build_validation(
                 state.store.spec(), key, purpose,
                 start_offset=validator.checked_offset, start_line=validator.checked_line,
                 block_bytes=state.settings.validate_range_bytes_max, head_stats=stats, max_bytes=MAX_BYTES[purpose],
+                name=f"{file_id} validate",
             )
+            metrics.record_upload_validation(stats.bytes - validator.checked_offset, time.monotonic() - started)
     except FileValidationError as exc:
         raise _validation_refusal(exc) from None
     return stats
@@ -227,7 +233,7 @@ class _Upload:
                 raise InvalidRequest("Missing `file` part.", code="missing_required_parameter", param="file")
             self.stack.close()  # the object is now stored; it is deleted again if a check below fails
             try:
-                stats = finish_validation(self.state, self.key, purpose, self.validator)
+                stats = finish_validation(self.state, self.key, purpose, self.validator, file_id=self.file_id)
             except BaseException:
                 self.state.store.delete(self.key)
                 raise

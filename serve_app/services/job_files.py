@@ -52,5 +52,6 @@ def check_files(state: AppState, spec: JobSpec, training: File, validation: File
                 state.store.spec(), row.object_key, row_kind=row.stats["row_kind"], base=base,
                 model_source=settings.model_source, cache_root=settings.model_cache_dir, param=param,
                 inline_bytes=settings.validate_ray_threshold_bytes, block_bytes=settings.validate_block_bytes,
+                name=f"{row.id} check {base.id}",
             )
     return quote

@@ -196,7 +196,7 @@ def test_every_stage_runs_on_the_worker_nodes_and_the_service_on_the_head(on_clu
     assert show("run", found, lambda p: p.name.startswith(f"{job_id} run a")) <= workers | {"head"}
     assert show("train", found, lambda p: "RayTrainWorker" in p.name) <= workers
     assert show("parity", found, lambda p: p.name == f"{job_id} parity") <= workers
-    assert show("merge", found, lambda p: p.name.startswith(f"merge {MODEL} ")) <= workers
+    assert show("merge", found, lambda p: p.name.startswith(f"merge {outcome.job.fine_tuned_model} ")) <= workers
     assert show("ray data", found, lambda p: p.kind == "task" and ("Map" in p.name or "Read" in p.name)) <= workers
     heavy = [p for p in found if takes_work(p)]
     assert heavy and where(heavy, lambda p: True) <= workers, [p for p in heavy if p.node not in workers]
