@@ -60,7 +60,7 @@ from train.integrations.forwarder import follow as follow_integrations
 from train.parity import ParityAbandoned, check_parity, parity_error, parity_request
 from train.placement import remove_orphans, remove_placement_group
 from train.registration import RegistrationError, register
-from webhooks.delivery import start_deliverer  # -- webhooks (issue 16) --
+from webhooks.delivery import start_deliverer
 
 log = logging.getLogger("openft.controller")
 STOP_GRACE_S = 30  # past the deadline, the run's own time check has had this long to fail it cleanly

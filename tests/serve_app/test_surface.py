@@ -48,7 +48,7 @@ class Owned:
     model: str
     export_prefix: str
     batch_id: str  # -- batches (issue 13) --
-    webhook_endpoint_id: str  # -- webhooks (issue 16) --
+    webhook_endpoint_id: str
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
 
     def url(self, path: str) -> str:
