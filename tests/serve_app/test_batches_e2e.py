@@ -151,7 +151,9 @@ def _kept_what_finished(client, batch, lines, code: str) -> None:
 
 
 def test_cancel_mid_run_stops_within_seconds_and_keeps_what_finished(account):
-    lines = _long_lines(1000, BASE)  # about 40 s of generation here: the cancel lands mid-run
+    # Far more than a quiet machine generates before the cancel lands (1,000 lines took about 10 s
+    # in CI); the cancel stops it within seconds, so the size costs nothing but the upload.
+    lines = _long_lines(4000, BASE)
     upload = account.files.create(file=("long.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = account.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     deadline = time.monotonic() + 600
@@ -178,7 +180,9 @@ def test_expiry_mid_run_keeps_what_finished(account, apis, training_api):
                  storage_url=training_api.settings.resolved_storage_url())
     _, key = short.create_account()
     client = short.client(key)
-    lines = _long_lines(1500, BASE)  # about a minute of generation here, past the 20 s window
+    # Far past the 20 s window on any machine here: a quiet one generated 1,500 lines in under 20 s
+    # (the batch completed, and the test failed). Expiry stops it at 20 s whatever its size.
+    lines = _long_lines(8000, BASE)
     upload = client.files.create(file=("long.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
     assert batch.expires_at == batch.created_at + 20
