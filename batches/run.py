@@ -39,6 +39,7 @@ from openft.ids import file_id as new_file_id
 from openft.settings import Settings
 from pipelines.distill import iter_lines
 from storage import keys
+from storage.keys import ADAPTER_FILES
 from storage.batches import ENDED_STATUSES
 from storage.db import Database
 from storage.files import add_file
@@ -46,7 +47,6 @@ from storage.models import Batch, File
 from storage.objects import ObjectNotFound, ObjectStore
 
 log = logging.getLogger("openft.batches")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 NOT_RUN = {"cancelled": ("batch_cancelled", "The batch was cancelled before this request ran."),
            "expired": ("batch_expired", "The batch's completion window ended before this request ran.")}
 

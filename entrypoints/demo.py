@@ -19,6 +19,7 @@ import httpx
 
 from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
 from openft.settings import Settings
+from storage.keys import ADAPTER_FILES
 
 BASE = "qwen2.5-0.5b-instruct"
 
@@ -146,7 +147,7 @@ def _compare_with(client, settings: Settings, model_name: str, held_out: list[tu
     from catalog.bases import get_base
     from catalog.model_source import load_model, load_tokenizer, parse_model_source
 
-    for name in ("adapter_model.safetensors", "adapter_config.json"):
+    for name in ADAPTER_FILES:
         response = httpx.get(f"{client.base_url}gridline/adapters/{model_name}/files/{name}",
                              headers={"Authorization": f"Bearer {client.api_key}"})
         response.raise_for_status()

@@ -15,10 +15,8 @@ from pathlib import Path
 
 from entrypoints import user_jobs
 from entrypoints.user_jobs import api_client, emit, run_user_command
+from storage.keys import ADAPTER_FILES
 
-# The two files of an adapter download, as train/registration.py ADAPTER_FILES names them (that module
-# pulls in the server's storage layer; a test holds the two equal).
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 
 def _size(n: int | None) -> str:

@@ -39,8 +39,8 @@ from openft.errors import InvalidRequest
 from openft.settings import Settings
 from pipelines._batch_input import Line, LineError, error_line, not_run_line, output_line, parse_line
 from pipelines.generate import GenRequest, GenResult, SamplingParams, load_engine, render_prompt
+from storage.keys import ADAPTER_FILES
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 STOP_MARKER = "STOP"
 _POLL_SECONDS = 0.5
 _PREFIX = 17  # "%016x " before each shard line: the line number, for the merge

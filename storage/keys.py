@@ -50,6 +50,11 @@ def checkpoints(job_id: str) -> str:
     return f"{run(job_id)}checkpoints/"
 
 
+# The files under every adapter prefix (a run's adapter, a checkpoint, a batch's staged copy), in
+# peft's layout: what registration records, downloads serve and engines load.
+ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
+
+
 def adapter(job_id: str) -> str:
     return f"{run(job_id)}adapter/"
 

@@ -20,7 +20,6 @@ from openft.errors import RangeNotSatisfiable
 from serve_app.downloads import ByteRange
 from storage.accounts import account_for_key
 from storage.db import Database
-from train.registration import ADAPTER_FILES
 
 OPENFT = [sys.executable, "-m", "entrypoints.cli"]
 
@@ -56,10 +55,6 @@ def test_every_user_command_parses():
                  ["batches", "list"], ["batches", "show", "b"], ["batches", "cancel", "b"]):  # fmt: skip
         assert callable(_parse(*argv).func), argv
     assert _parse("files", "upload", "x.jsonl").purpose == "fine-tune"
-
-
-def test_the_cli_downloads_the_files_the_registry_stores():
-    assert user_cli.ADAPTER_FILES == ADAPTER_FILES
 
 
 def _job(**fields):

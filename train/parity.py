@@ -50,10 +50,10 @@ from pathlib import Path
 import orjson
 
 from catalog.bases import BaseModelSpec, get_base
+from storage.keys import ADAPTER_FILES
 from train.data import holdout_lines
 
 log = logging.getLogger("openft.parity")
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 ANSWER_SLACK = 16
 
 

@@ -16,9 +16,9 @@ from jobs.model_names import model_name
 from openft.ids import file_id as new_file_id
 from storage import keys
 from storage.models import Account, File, FineTunedModel, Job
+from storage.keys import ADAPTER_FILES
 from storage.objects import ObjectStore
 
-ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 ADAPTER_LIMIT_BYTES = {"supervised": 383 * 1024 * 1024, "dpo": 128 * 1024 * 1024}
 MODEL_QUOTA = 100
 RESULTS_COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy")

@@ -24,9 +24,9 @@ from serve_app.schemas.models import Model, ModelDeleted
 from serve_app.state import AppState
 from storage import keys
 from storage import merges as merges_repo
+from storage.keys import ADAPTER_FILES
 from storage.models import Account, FineTunedModel, Job
 from storage.objects import ObjectNotFound
-from train.registration import ADAPTER_FILES
 
 log = logging.getLogger("openft.api")
 _CHECKPOINT_MARK = ":ckpt-step-"
