@@ -32,7 +32,7 @@ SFT = {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 1, "
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     if not MLFLOW.exists():
-        pytest.skip(f"{MLFLOW} is missing: `make test-heavy` creates .venv-mlflow (mlflow==3.17.2)")
+        pytest.fail(f"{MLFLOW} is missing: `make test-heavy` creates .venv-mlflow (mlflow==3.17.2)")
     root, port = tmp_path_factory.mktemp("mlflow"), free_port()
     proc = subprocess.Popen(
         [str(MLFLOW), "server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1",
