@@ -36,10 +36,19 @@ def remove_placement_group(pg_hex: str | None) -> None:
         log.info("removed the placement group of a stopped run")
 
 
+def gcs_placement_groups() -> list:
+    """The GCS's records of every placement group (`PlacementGroupTableData`): unlike
+    `ray.util.placement_group_table()`, they keep the creator's actor, job and death."""
+    from ray._private.state import state
+    from ray.core.generated import gcs_pb2
+
+    return [gcs_pb2.PlacementGroupTableData.FromString(raw)
+            for raw in state._connect_and_get_accessor().get_placement_group_table()]
+
+
 def orphaned_placement_groups() -> list[str]:
     """Hex ids of this Ray job's live placement groups whose creating actor has died."""
     import ray
-    from ray._private.state import state
     from ray.core.generated import gcs_pb2
 
     if not ray.is_initialized():
@@ -47,9 +56,7 @@ def orphaned_placement_groups() -> list[str]:
     job = bytes.fromhex(ray.get_runtime_context().get_job_id())
     removed = gcs_pb2.PlacementGroupTableData.REMOVED
     orphans = []
-    # placement_group_table() drops the creator fields; the GCS accessor's records have them.
-    for raw in state._connect_and_get_accessor().get_placement_group_table():
-        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
+    for group in gcs_placement_groups():
         # A group made by the driver or a task has no creator actor and counts as "dead" in the GCS.
         made_by_actor = not ray.ActorID(group.creator_actor_id).is_nil()
         if (group.creator_job_id == job and made_by_actor and group.creator_actor_dead and not group.is_detached

@@ -82,12 +82,11 @@ def _creators(held: dict) -> dict:
     difference between a group nothing can free (a live creator) and one the controller's sweep
     of orphans should have removed."""
     import ray
-    from ray._private.state import state
-    from ray.core.generated import gcs_pb2
+
+    from train.placement import gcs_placement_groups
 
     out = {}
-    for raw in state._connect_and_get_accessor().get_placement_group_table():
-        group = gcs_pb2.PlacementGroupTableData.FromString(raw)
+    for group in gcs_placement_groups():
         pg_hex = group.placement_group_id.hex()
         if pg_hex in held:
             actor = ray.ActorID(group.creator_actor_id)
