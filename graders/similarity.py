@@ -44,7 +44,8 @@ def score(metric: str, text: str, reference: str) -> float:
 
         return float(meteor_score([reference.split()], text.split(), wordnet=wordnet()))
     if metric in _ROUGE:
-        return float(_rouge().score(reference, text)[_ROUGE[metric]].fmeasure)
+        kind = _ROUGE[metric]
+        return float(_rouge(kind).score(reference, text)[kind].fmeasure)
     raise ValueError(f"unknown metric {metric!r}")
 
 
@@ -56,10 +57,10 @@ def _bleu():
 
 
 @functools.cache
-def _rouge():
+def _rouge(kind: str):
     from rouge_score.rouge_scorer import RougeScorer
 
-    return RougeScorer(list(_ROUGE.values()), use_stemmer=False)
+    return RougeScorer([kind], use_stemmer=False)  # one order per scorer: a scorer computes all it holds
 
 
 @functools.cache

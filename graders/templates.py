@@ -11,6 +11,7 @@ they are and anything else as compact JSON.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Iterable, Mapping
@@ -142,13 +143,29 @@ def sample_namespace(output_text: str, *, output_json: Any = _MISSING, output_to
 def render(template: str, sample: Mapping | None, item: Any) -> str:
     """`template` with each reference replaced; a reference that is missing here renders empty
     (validation refused those it could see; an item of a run may still lack an optional key)."""
+    parts = _compiled(template)
+    if len(parts) == 1 and isinstance(parts[0], str):
+        return parts[0]
     scopes = {"item": item, "sample": sample or {}}
+    out = []
+    for part in parts:
+        if isinstance(part, str):
+            out.append(part)
+            continue
+        found = lookup(scopes[part.namespace], part.path)
+        if found is not _MISSING and found is not None:
+            out.append(found if isinstance(found, str) else json.dumps(found, ensure_ascii=False, separators=(",", ":")))
+    return "".join(out)
 
-    def value(match: re.Match) -> str:
-        ref = parse_reference(match[1], "template")
-        found = lookup(scopes[ref.namespace], ref.path)
-        if found is _MISSING or found is None:
-            return ""
-        return found if isinstance(found, str) else json.dumps(found, ensure_ascii=False, separators=(",", ":"))
 
-    return _REFERENCE.sub(value, template)
+@functools.lru_cache(maxsize=4096)
+def _compiled(template: str) -> tuple[str | Reference, ...]:
+    """The template as literal text and parsed references, parsed once per distinct template."""
+    parts: list[str | Reference] = []
+    pos = 0
+    for match in _REFERENCE.finditer(template):
+        parts.append(template[pos:match.start()])
+        parts.append(parse_reference(match[1], "template"))
+        pos = match.end()
+    parts.append(template[pos:])
+    return tuple(p for p in parts if p != "") or ("",)
