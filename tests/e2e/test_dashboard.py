@@ -40,11 +40,26 @@ def upload(client, rows):
     return client.files.create(file=("tickets.jsonl", io.BytesIO(tickets_jsonl(rows))), purpose="fine-tune")
 
 
+def _js(value):
+    """A JSON value as JavaScript holds it: 1.0 is the number 1."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _js(v) for k, v in value.items()}
+    return [_js(v) for v in value] if isinstance(value, list) else value
+
+
 def shown(value) -> str:
-    """How the dashboard's `facts` shows a value: scalars as text, objects as compact JSON."""
+    """How the dashboard's `facts` shows a value: scalars as String() writes them, objects as JSON.stringify."""
+    value = _js(value)
     if isinstance(value, (dict, list)):
-        return json.dumps(value, separators=(",", ":"))
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
     return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def listed(obj: dict) -> dict:
+    """The entries `facts` lists: all but null, false and the empty string (0 is listed)."""
+    return {k: v for k, v in obj.items() if v is not None and v is not False and v != ""}
 
 
 def read_facts(page, section: str) -> dict[str, str]:
@@ -149,10 +164,10 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     assert summary["model"] == done.model and summary["training_file"] == done.training_file
     assert summary["trained_tokens"] == str(done.trained_tokens) and summary["method"] == done.method.type
     assert summary.get("fine_tuned_model") == done.fine_tuned_model  # absent when the model is not servable
-    quote = {k: v for k, v in gl["quote"].items() if v not in (None, False, "")}
+    quote = listed(gl["quote"])
     page.wait_for_function("() => document.querySelector('section[aria-labelledby=h-quote] dl') !== null")
     assert read_facts(page, "h-quote") == {k: shown(v) for k, v in quote.items()}
-    result = {k: v for k, v in gl["result"].items() if v not in (None, False, "")}
+    result = listed(gl["result"])
     assert read_facts(page, "h-result") == {k: shown(v) for k, v in result.items()}
     result_text = section_text(page, "h-result")
     adapter = gl["fine_tuned_adapter"]
@@ -199,7 +214,7 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     page.screenshot(path=str(artifacts / "dashboard-models.png"), full_page=True)
     with page.expect_download() as got:
         page.get_by_role("button", name="Download adapter_config.json").first.click()
-    api_bytes = httpx.get(f"{people_service.base_url}/gridline/adapters/{adapter["model"]}/files/adapter_config.json",
+    api_bytes = httpx.get(f"{people_service.base_url}/gridline/adapters/{adapter['model']}/files/adapter_config.json",
                           headers={"Authorization": f"Bearer {key}"}).content
     assert Path(got.value.path()).read_bytes() == api_bytes and got.value.suggested_filename == "adapter_config.json"
     page.get_by_role("button", name="Merge into base").click()

@@ -117,3 +117,25 @@ def test_python_escapes_are_contained_graded_zero_and_the_service_works_after(ap
         assert _run(client, CHECK, sample="Paris").reward == 1.0, f"the service after {name}"
     assert not (settings.data_dir / "planted").exists()
     assert client.models.list().data  # the API and its database still answer
+
+
+def test_another_accounts_ft_model_is_not_found_for_graders_and_evals(api, account):
+    from serve_app.state import AppState
+    from tests.factories import db_account, db_ft_model
+
+    client, _, _ = account
+    state = AppState.from_settings(api.settings)
+    try:
+        theirs = db_ft_model(state.db, state.store, db_account(state.db))
+    finally:
+        state.db.dispose()
+    grader = {"type": "label_model", "name": "l", "model": theirs, "labels": ["a"], "passing_labels": ["a"],
+              "input": [{"role": "user", "content": "{{sample.output_text}}"}]}
+    with pytest.raises(openai.BadRequestError) as info:
+        client.fine_tuning.alpha.graders.validate(grader=grader)
+    assert (info.value.body["code"], info.value.body["param"]) == ("model_not_found", "grader.model")
+    with pytest.raises(openai.BadRequestError) as info:
+        client.evals.create(data_source_config={"type": "custom", "item_schema": {"type": "object"},
+                                                "include_sample_schema": True}, testing_criteria=[grader])
+    assert (info.value.body["code"], info.value.body["param"]) == ("model_not_found", "testing_criteria[0].model")
+    assert client.evals.list().data == []
