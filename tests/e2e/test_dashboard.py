@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import httpx
@@ -77,8 +78,11 @@ def assert_sane(page) -> None:
     assert "[object" not in text and "undefined" not in text and "NaN" not in text, text[:2000]
 
 
-def row_cells(page, text: str) -> list[str]:
-    return page.get_by_role("row").filter(has=page.get_by_text(text, exact=True)).get_by_role("cell").all_inner_texts()
+def row_cells(page, text: str, table: str | None = None) -> list[str]:
+    """The cells of the row whose first cell is `text`, in the table captioned `table` (default: any)."""
+    scope = page.locator("table", has=page.locator("caption", has_text=table)) if table else page
+    return scope.get_by_role("row").filter(
+        has=page.locator("td:first-child", has_text=re.compile(f"^{re.escape(text)}$"))).get_by_role("cell").all_inner_texts()
 
 
 def sign_in(page, url: str, key: str) -> None:
@@ -203,12 +207,12 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     api_models = list(mine.models.list())
     tuned = next(m for m in api_models if m.id == adapter["model"])
     page.get_by_text(tuned.id, exact=True).wait_for()
-    cells = row_cells(page, tuned.id)
+    cells = row_cells(page, tuned.id, "Your fine-tuned models")
     gm = tuned.model_extra["gridline"]
     assert cells[:5] == [tuned.id, gm["base"], done.id, cells[3], "yes" if gm["servable"] else f"no ({gm['reason']})"]
     for base in (m for m in api_models if not m.id.startswith("ft:")):
         gb = base.model_extra["gridline"]
-        assert row_cells(page, base.id) == [base.id, gb.get("hf_repo") or "—", gb.get("licence") or "—",
+        assert row_cells(page, base.id, "Bases you can fine-tune") == [base.id, gb.get("hf_repo") or "—", gb.get("licence") or "—",
                                             "yes" if gb["servable"] else "no"]
     assert_sane(page)
     page.screenshot(path=str(artifacts / "dashboard-models.png"), full_page=True)
