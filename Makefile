@@ -1,4 +1,6 @@
-# `make demo` and `make test` each create .venv when missing and install the project into it.
+# `make demo` and `make test` each create .venv when missing and install the project into it, and build
+# the WordNet that the meteor metric reads from Debian's wordnet-base and wordnet-sense-index (python
+# graders also need Debian's bubblewrap: `apt-get install bubblewrap wordnet-base wordnet-sense-index`).
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
 
@@ -8,6 +10,7 @@ $(STAMP): pyproject.toml
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/python -m graders.wordnet_data
 	touch $(STAMP)
 
 # The web dashboard (served at /dashboard/): rebuilt when its bundle is missing or older than its sources.

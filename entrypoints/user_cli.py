@@ -56,7 +56,8 @@ def cmd_files_list(args: argparse.Namespace) -> int:
 
 def _model_line(m) -> str:
     extra = (m.model_extra or {}).get("gridline") or {}
-    servable = "servable" if extra.get("servable") else f"not servable ({extra.get('reason')})"
+    reason = extra.get("reason")
+    servable = "servable" if extra.get("servable") else "not servable" + (f" ({reason})" if reason else "")
     return f"{m.id}  {m.owned_by}  {servable}"
 
 

@@ -112,8 +112,12 @@ def describe_job(job) -> str:
     if job.trained_tokens is not None:
         lines.append(f"  trained tokens {job.trained_tokens}")
     adapter = ((job.model_extra or {}).get("gridline") or {}).get("fine_tuned_adapter") or {}
-    if job.fine_tuned_model or adapter.get("model"):
-        lines.append(f"  model {job.fine_tuned_model or adapter['model']}")
+    if job.fine_tuned_model:
+        lines.append(f"  model {job.fine_tuned_model}")
+    elif adapter.get("servable") is False:
+        # Registered, downloadable, but no model to run: the name would read as one that answers.
+        lines.append(f"  not servable: {adapter.get('reason') or 'no reason recorded'}")
+        lines.append(f"  adapter {adapter['model']} (download only: openft models download {adapter['model']})")
     if job.error and job.error.code:
         lines.append(f"  error {job.error.code}" + (f" ({job.error.param})" if job.error.param else "") +
                      f": {job.error.message}")  # fmt: skip

@@ -36,3 +36,8 @@ def batch_id() -> str:
 
 def batch_request_id() -> str:
     return new_id("batch_req_", 24)
+
+
+# -- evals (issue 25) --
+def eval_id() -> str:
+    return new_id("eval_", 32)

@@ -268,6 +268,17 @@ class Settings(BaseSettings):
         16, ge=1, description="Rows one engine actor decodes together (and takes per call)."
     )
     # -- end batches (h1) --
+    # -- graders (issue 25): the python sandbox's limits (OpenAI's by default) and model graders --
+    grader_python_wall_seconds: float = Field(120.0, gt=0, description="A python grader's run is killed past this wall time.")
+    grader_python_cpu_seconds: int = Field(120, ge=1, description="CPU seconds one python grader run may use.")
+    grader_python_memory_bytes: int = Field(2 * 1024**3, ge=64 * 1024**2, description="Address space of each process of a python grader run.")
+    grader_python_disk_bytes: int = Field(1024**3, ge=4096, description="Size of a python grader run's scratch dir (/tmp) and of any file it writes.")
+    grader_python_max_processes: int = Field(64, ge=1, description="Processes (and threads) one python grader run may hold at once.")
+    grader_model_timeout_seconds: float = Field(
+        600.0, gt=0, description="A model grader's generation (one Ray task per base, on batch_engine_resources) past "
+        "this is stopped; its grades are 0 with the reason.",
+    )
+    # -- end graders --
     # -- webhooks (issue 16, webhooks/delivery.py) --
     webhook_timeout_seconds: float = Field(
         10.0, gt=0, description="One delivery POST (connect and answer) may take this long; past it the attempt "

@@ -250,4 +250,21 @@ def check_batch_line(line: bytes) -> LineInfo:
     return _BATCH_LINE
 
 
-LINE_CHECKS = {"fine-tune": check_fine_tune_line, "batch": check_batch_line, "batch_output": check_batch_line}
+EVAL_KEYS = frozenset(("item", "sample"))
+
+
+def check_eval_line(line: bytes) -> LineInfo:
+    """An `evals` file's line (OpenAI's jsonl data source): {"item": {...}}, and for runs that only
+    grade, the model's answer as "sample" (an object, e.g. {"output_text": ...}, or a string)."""
+    row = _parse(line)
+    if not row.keys() <= EVAL_KEYS:
+        raise _unsupported_key(row, EVAL_KEYS, "the line")
+    if type(row.get("item")) is not dict:
+        raise _fail("invalid_eval_line", "the line needs an 'item' object: {\"item\": {...}}.")
+    if "sample" in row and type(row["sample"]) not in (dict, str):
+        raise _fail("invalid_eval_line", "'sample' must be an object (e.g. {\"output_text\": ...}) or a string.")
+    return _BATCH_LINE
+
+
+LINE_CHECKS = {"fine-tune": check_fine_tune_line, "batch": check_batch_line, "batch_output": check_batch_line,
+               "evals": check_eval_line}

@@ -44,6 +44,11 @@ BODY_LIMITS: dict[str, int | None] = {
     "create_fine_tuning_job": 1 * MIB,
     # multipart uploads, bounded part by part by serve_app/multipart_stream.py
     "create_file": None,
+    # a python grader's source may be 256 KiB (graders/validate.py), and a run carries its item too;
+    # an eval holds several graders
+    "validate_grader": 2 * MIB,
+    "run_grader": 2 * MIB,
+    "create_eval": 4 * MIB,
 }
 
 

@@ -382,3 +382,28 @@ class WebhookAttempt(Base):
     # timeout | connection_error | http_status (status_code says which) | None when delivered
     error: Mapped[str | None] = mapped_column(String(32), nullable=True)
     next_attempt_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+# -- evals (issue 25) --
+class Eval(Base):
+    """An eval (OpenAI's Evals API): its items' schema and its testing criteria, graders that
+    graders/validate.py accepted, stored as the caller sent them. Runs (a later part) reference it
+    by id and read the criteria as they were when the run started (a run copies them)."""
+
+    __tablename__ = "evals"
+    __table_args__ = (
+        Index("ix_evals_account_created", "account_id", "created_ns", "id"),
+        Index("ix_evals_account_updated", "account_id", "updated_ns", "id"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    name: Mapped[str] = mapped_column(String(256))
+    # {"type": "custom", "item_schema": {...}, "include_sample_schema": bool}
+    data_source_config: Mapped[dict[str, Any]] = mapped_column(JSON)
+    testing_criteria: Mapped[list[Any]] = mapped_column(JSON)
+    eval_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+    updated_ns: Mapped[int] = mapped_column(BigInteger)

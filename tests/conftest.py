@@ -29,6 +29,12 @@ PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The suite's deployments run unthrottled: tests (and fuzzers) make many quick calls from one key.
 # tests/serve_app/test_rate_limits.py deploys its own with limits on.
 RATE_LIMITS_OFF = {"rate_limit_requests_per_second": 0, "rate_limit_heavy_per_second": 0, "uploads_in_flight_per_account": 0}
+# The python graders' sandbox with small limits, so that the escape tests end in seconds (OpenAI's
+# 2 minutes, 2 GB and 1 GB are the settings' defaults).
+# The wall limit stays well above the CPU limit: on a loaded machine 1 CPU-second takes many.
+SANDBOX_TEST_LIMITS = {"grader_python_wall_seconds": 20, "grader_python_cpu_seconds": 1,
+                       "grader_python_memory_bytes": 512 * 2**20, "grader_python_disk_bytes": 4 * 2**20,
+                       "grader_python_max_processes": 32}
 
 
 def free_port() -> int:
@@ -171,7 +177,8 @@ def apis(request, session_dir: Path, serve_port: int):
 
     def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
-            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF, **settings_overrides}
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF,
+                         **SANDBOX_TEST_LIMITS, **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")
             settings = Settings(data_dir=session_dir / f"api-{name}", **overrides)

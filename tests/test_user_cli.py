@@ -181,3 +181,18 @@ def test_without_a_base_url_nothing_is_sent_anywhere(monkeypatch):
     with pytest.raises(SystemExit, match="set OPENAI_BASE_URL or pass --base-url"):
         user_jobs.api_client(_parse("jobs", "list", "--api-key", "sk-x"))
     assert str(user_jobs.api_client(_parse("jobs", "list", "--api-key", "sk-x", "--base-url", "http://h:1/v1")).base_url) == "http://h:1/v1/"
+
+
+def test_a_job_whose_model_is_not_servable_prints_no_model_name_and_bases_no_none():
+    adapter = {"model": "ft:m:org:abc", "servable": False, "reason": "Serving-parity check parity_end_of_turn: ..."}
+    done = _job(status="succeeded", trained_tokens=10, model_extra={"gridline": {"fine_tuned_adapter": adapter}})
+    lines = user_jobs.describe_job(done).splitlines()
+    assert not any(line.startswith("  model") for line in lines)
+    assert lines[2] == "  not servable: Serving-parity check parity_end_of_turn: ..."
+    assert "download only" in lines[3]
+    from entrypoints.user_cli import _model_line
+
+    base = SimpleNamespace(id="gpt-oss-20b", owned_by="openft", model_extra={"gridline": {"servable": False}})
+    assert _model_line(base) == "gpt-oss-20b  openft  not servable"
+    why = SimpleNamespace(id="b", owned_by="o", model_extra={"gridline": {"servable": False, "reason": "Download it."}})
+    assert _model_line(why) == "b  o  not servable (Download it.)"

@@ -188,7 +188,8 @@ def decide(comparisons: dict[str, list[Comparison]], ends: list[bool], tolerance
         return "parity_end_of_turn", (
             f"Serving-parity check parity_end_of_turn: {missing} of {len(ends)} greedy completions of held-out prompts "
             f"did not end with {eot_token} within their budget (up to {max(budgets)} tokens), so batch answers would "
-            "run to max_tokens. Train on rows whose assistant turns end, or download the adapter.")
+            "run to max_tokens: the model has not learned to end its turns yet. Train more epochs (n_epochs) or with a "
+            "higher learning_rate_multiplier, or download the adapter.")
     return None, None
 
 

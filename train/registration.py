@@ -15,6 +15,7 @@ from jobs.limits import check_model_quota
 from jobs.model_names import model_name
 from openft.ids import file_id as new_file_id
 from storage import keys
+from storage.jobs import add_event
 from storage.models import Account, File, FineTunedModel, Job
 from storage.keys import ADAPTER_FILES
 from storage.objects import ObjectStore
@@ -22,6 +23,18 @@ from storage.objects import ObjectStore
 ADAPTER_LIMIT_BYTES = {"supervised": 383 * 1024 * 1024, "dpo": 128 * 1024 * 1024}
 MODEL_QUOTA = 100
 RESULTS_COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy")
+# What a person can do about each reason a model is registered not servable (the parity check's
+# codes, train/parity.py; a download-only base has no code).
+NOT_SERVABLE_ADVICE = {
+    "parity_end_of_turn": "The model has not learned to end its turns yet: run the job again with more epochs "
+                          "(n_epochs) or a higher learning_rate_multiplier.",
+    "parity_served_mismatch": "The batch engine does not answer as the trained model does: this is the service's "
+                              "fault, not your data's; report it with the job id.",
+    "parity_merged_mismatch": "The merged weights do not answer as the trained model does: this is the service's "
+                              "fault, not your data's; report it with the job id.",
+    "parity_check_error": "The check could not run: run the job again.",
+    None: "Batches on this base are not offered yet.",
+}
 
 
 class RegistrationError(Exception):
@@ -107,6 +120,12 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
     job.result_files = [results.id]
     job.fine_tuned_model = name if servable else None
     job.fine_tuned_adapter = {"model": name, "servable": servable, "reason": reason}
+    if not servable:
+        # Where the user looks: the job's events say it, with what to do, in the registration's transaction.
+        code = (parity or {}).get("parity", {}).get("check") if base.servable else None
+        add_event(session, job.id, now, f"The adapter is stored and can be downloaded, but the model is not servable, "
+                  f"so fine_tuned_model stays null: {reason} {NOT_SERVABLE_ADVICE.get(code, '')}".strip(),
+                  level="warning", data={"servable": False, "code": code})
     if parity is not None:
         job.fine_tuned_adapter["parity"] = parity["parity"]
     return model

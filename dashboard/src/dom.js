@@ -9,7 +9,9 @@ export function h(tag, attrs = {}, ...children) {
     else if (name === "class") el.className = value;
     else el.setAttribute(name, value === true ? "" : String(value));
   }
-  for (const child of children.flat()) {
+  // Deeply: a helper may hand back nested lists of nodes (facts' [dt, dd] pairs); one level left
+  // arrays that String() turned into "[object HTMLElement],...".
+  for (const child of children.flat(Infinity)) {
     if (child == null || child === false) continue;
     el.append(child instanceof Node ? child : String(child));
   }

@@ -6,8 +6,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-FilePurpose = Literal["fine-tune", "batch", "batch_output", "fine-tune-results"]
-UPLOAD_PURPOSES = ("fine-tune", "batch", "batch_output")
+FilePurpose = Literal["fine-tune", "batch", "batch_output", "fine-tune-results", "evals"]
+# evals: a JSONL of {"item": {...}} lines (and "sample"), the data of eval runs (issue 25).
+UPLOAD_PURPOSES = ("fine-tune", "batch", "batch_output", "evals")
 
 
 class FileGridline(BaseModel):

@@ -69,7 +69,8 @@ def _required_string(body: dict, key: str) -> str:
     return value
 
 
-def _metadata(raw) -> dict[str, str] | None:
+def parse_metadata(raw) -> dict[str, str] | None:
+    """OpenAI's `metadata`: at most 16 string pairs (batches, evals)."""
     if raw is None:
         return None
     if not isinstance(raw, dict) or len(raw) > METADATA_PAIRS:
@@ -93,7 +94,7 @@ def parse_create(body: dict) -> tuple[str, str, str, dict[str, str] | None]:
     window = _required_string(body, "completion_window")
     if window not in WINDOWS:
         raise _invalid("completion_window must be 24h.", "completion_window", "unsupported_value")
-    return file_id, endpoint, window, _metadata(body.get("metadata"))
+    return file_id, endpoint, window, parse_metadata(body.get("metadata"))
 
 
 def create_batch(state: AppState, account: Account, body: dict) -> Batch:

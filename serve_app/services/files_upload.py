@@ -44,7 +44,8 @@ from storage import keys
 from storage.files import add_file
 from storage.models import Account, File
 
-MAX_BYTES = {"fine-tune": 64 * 1024 * 1024, "batch": 200 * 1024 * 1024, "batch_output": 200 * 1024 * 1024}
+MAX_BYTES = {"fine-tune": 64 * 1024 * 1024, "batch": 200 * 1024 * 1024, "batch_output": 200 * 1024 * 1024,
+             "evals": 200 * 1024 * 1024}
 # The largest file plus room for the form's other parts (16 fields of 1 KiB, their headers) and framing.
 MAX_BODY_BYTES = max(MAX_BYTES.values()) + 1024 * 1024
 MAX_FIELD_BYTES = 1024
@@ -70,7 +71,7 @@ def _check_purpose(purpose: str | None) -> str:
 
 
 def _stats_record(stats: FileStats) -> dict:
-    if stats.row_kind is None:  # batch files: rows only
+    if stats.row_kind is None:  # batch and evals files: rows only
         return {"rows": stats.rows}
     return {
         "row_kind": stats.row_kind,

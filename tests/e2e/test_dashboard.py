@@ -2,11 +2,15 @@
 the suite's one `openft serve`: a wrong key is refused on the page, the right one signs in, a small
 stand-in job is followed to `succeeded` with its loss chart holding one point per reported step,
 the sections are reached by keyboard, an unreachable API is said, and another account's objects
-never appear. Screenshots of the jobs list and the job's chart go to build/e2e/."""
+never appear. Every section of every page is read as a person reads it (its visible text) against
+the API's values, so a page that renders nonsense ("[object HTMLElement]") fails; a screenshot of
+each page goes to build/e2e/."""
 
 from __future__ import annotations
 
 import io
+import json
+import re
 from pathlib import Path
 
 import httpx
@@ -37,6 +41,50 @@ def upload(client, rows):
     return client.files.create(file=("tickets.jsonl", io.BytesIO(tickets_jsonl(rows))), purpose="fine-tune")
 
 
+def _js(value):
+    """A JSON value as JavaScript holds it: 1.0 is the number 1."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, dict):
+        return {k: _js(v) for k, v in value.items()}
+    return [_js(v) for v in value] if isinstance(value, list) else value
+
+
+def shown(value) -> str:
+    """How the dashboard's `facts` shows a value: scalars as String() writes them, objects as JSON.stringify."""
+    value = _js(value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def listed(obj: dict) -> dict:
+    """The entries `facts` lists: all but null, false and the empty string (0 is listed)."""
+    return {k: v for k, v in obj.items() if v is not None and v is not False and v != ""}
+
+
+def read_facts(page, section: str) -> dict[str, str]:
+    """A section's definition lists as {term: visible text}."""
+    return page.evaluate("""s => Object.fromEntries([...document.querySelectorAll(`section[aria-labelledby=${s}] dl dt`)]
+        .map(dt => [dt.textContent, dt.nextElementSibling.innerText]))""", section)
+
+
+def section_text(page, section: str) -> str:
+    return page.locator(f"section[aria-labelledby={section}]").inner_text()
+
+
+def assert_sane(page) -> None:
+    text = page.locator("body").inner_text()
+    assert "[object" not in text and "undefined" not in text and "NaN" not in text, text[:2000]
+
+
+def row_cells(page, text: str, table: str | None = None) -> list[str]:
+    """The cells of the row whose first cell is `text`, in the table captioned `table` (default: any)."""
+    scope = page.locator("table", has=page.locator("caption", has_text=table)) if table else page
+    return scope.get_by_role("row").filter(
+        has=page.locator("td:first-child", has_text=re.compile(f"^{re.escape(text)}$"))).get_by_role("cell").all_inner_texts()
+
+
 def sign_in(page, url: str, key: str) -> None:
     page.goto(url)
     page.get_by_label("API key").fill(key)
@@ -61,6 +109,7 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     # A wrong key: said on the page, nothing kept.
     sign_in(page, url, "sk-wrong")
     page.get_by_text("That key was refused").wait_for()
+    page.screenshot(path=str(artifacts / "dashboard-sign-in.png"), full_page=True)
     assert page.evaluate("sessionStorage.length") == 0
     problems.clear()  # the browser logs the 401 itself
     page.get_by_label("API key").fill(key)
@@ -88,6 +137,13 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     row.wait_for()
     assert row.get_by_role("cell").nth(5).text_content() == "24"  # rows, as validation counted them
     assert page.get_by_text(theirs_file.id).count() == 0
+    api_file = mine.files.retrieve(file.id)
+    cells = row.get_by_role("cell").all_inner_texts()
+    assert cells[:5] == [api_file.id, api_file.filename, "fine-tune", "processed", f"{api_file.bytes:,}"]
+    assert cells[6:9] == [f"{api_file.model_extra['gridline']['messages']:,}", "chat",
+                          f"{api_file.model_extra['gridline']['token_upper_bound']:,}"]
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-files.png"), full_page=True)
 
     page.goto(f"{url}/#/jobs")
     link = page.get_by_role("link", name=job.id)
@@ -105,18 +161,73 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     assert page.get_by_text("Download adapter_model.safetensors").count() >= 1  # the checkpoints' adapters
     page.locator("section[aria-labelledby=h-loss]").screenshot(path=str(artifacts / "dashboard-loss-chart.png"))
 
-    # Models: the adapter downloads the same bytes as the API, and a merge is started and followed.
+    # Every section of the job page, as read, against the API's job.
     done = mine.fine_tuning.jobs.retrieve(job.id)
+    gl = done.model_extra["gridline"]
+    summary = read_facts(page, "h-summary")
+    assert summary["model"] == done.model and summary["training_file"] == done.training_file
+    assert summary["trained_tokens"] == str(done.trained_tokens) and summary["method"] == done.method.type
+    assert summary.get("fine_tuned_model") == done.fine_tuned_model  # absent when the model is not servable
+    quote = listed(gl["quote"])
+    page.wait_for_function("() => document.querySelector('section[aria-labelledby=h-quote] dl') !== null")
+    assert read_facts(page, "h-quote") == {k: shown(v) for k, v in quote.items()}
+    result = listed(gl["result"])
+    assert read_facts(page, "h-result") == {k: shown(v) for k, v in result.items()}
+    result_text = section_text(page, "h-result")
+    adapter = gl["fine_tuned_adapter"]
+    if done.fine_tuned_model:
+        assert f"Model {done.fine_tuned_model}" in result_text
+    else:  # registered not servable: the reason, where the model would be
+        assert adapter["servable"] is False and f"Not servable: {adapter['reason']}" in result_text
+    api_ckpts = list(mine.fine_tuning.jobs.checkpoints.list(job.id))
+    ckpt_rows = page.locator("section[aria-labelledby=h-checkpoints] tbody tr")
+    assert ckpt_rows.count() == len(api_ckpts)
+    assert [ckpt_rows.nth(i).get_by_role("cell").nth(1).inner_text() for i in range(len(api_ckpts))] == \
+        [c.fine_tuned_model_checkpoint for c in api_ckpts]
+    assert page.locator("#events li").first.inner_text().endswith(api_events[0].message)
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-job.png"), full_page=True)
+
+    # The jobs list: the job's row as the API has it, the not-servable reason in place of a model.
+    page.goto(f"{url}/#/jobs")
+    page.get_by_role("link", name=job.id).wait_for()
+    cells = row_cells(page, job.id)
+    assert cells[:3] == [job.id, "succeeded", done.fine_tuned_model or done.model]
+    assert cells[4].startswith(f"${gl['quote']['per_token']['max_charge_usd']:.2f}")
+    if not done.fine_tuned_model:
+        assert cells[6] == f"Not servable: {adapter['reason']}"
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-jobs-list.png"), full_page=True)
+    page.goto(f"{url}/#/jobs/{job.id}")
+    page.locator('h1 [data-status="succeeded"]').wait_for()
+
+    # Models: every row as the API lists it; the adapter downloads the same bytes as the API, and a
+    # merge is started and followed.
     page.get_by_role("navigation").get_by_role("link", name="Models").click()
+    api_models = list(mine.models.list())
+    tuned = next(m for m in api_models if m.id == adapter["model"])
+    page.get_by_text(tuned.id, exact=True).wait_for()
+    cells = row_cells(page, tuned.id, "Your fine-tuned models")
+    gm = tuned.model_extra["gridline"]
+    assert cells[:5] == [tuned.id, gm["base"], done.id, cells[3], "yes" if gm["servable"] else f"no ({gm['reason']})"]
+    for base in (m for m in api_models if not m.id.startswith("ft:")):
+        gb = base.model_extra["gridline"]
+        assert row_cells(page, base.id, "Bases you can fine-tune") == [base.id, gb.get("hf_repo") or "—", gb.get("licence") or "—",
+                                            "yes" if gb["servable"] else "no"]
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-models.png"), full_page=True)
     with page.expect_download() as got:
         page.get_by_role("button", name="Download adapter_config.json").first.click()
-    api_bytes = httpx.get(f"{people_service.base_url}/gridline/adapters/{done.fine_tuned_model}/files/adapter_config.json",
+    api_bytes = httpx.get(f"{people_service.base_url}/gridline/adapters/{adapter['model']}/files/adapter_config.json",
                           headers={"Authorization": f"Bearer {key}"}).content
     assert Path(got.value.path()).read_bytes() == api_bytes and got.value.suggested_filename == "adapter_config.json"
     page.get_by_role("button", name="Merge into base").click()
     page.get_by_text("Merged:").wait_for(timeout=120_000)
     page.get_by_role("navigation").get_by_role("link", name="Batches").click()
     page.get_by_text("No batches yet").wait_for()
+    assert list(mine.batches.list()) == []
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-batches.png"), full_page=True)
 
     # Another account's job by its URL: not found, as the API answers that key.
     page.goto(f"{url}/#/jobs/{theirs.id}")

@@ -49,6 +49,7 @@ class Owned:
     export_prefix: str
     batch_id: str  # -- batches (issue 13) --
     webhook_endpoint_id: str
+    eval_id: str  # -- evals (issue 25) --
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
 
     def url(self, path: str) -> str:
@@ -61,7 +62,8 @@ class Owned:
     def fill(self, path: str) -> str:
         values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model,
                   "account": self.account_id, "name": "adapter_config.json", "path": "config.json",
-                  "batch_id": self.batch_id, "webhook_endpoint_id": self.webhook_endpoint_id}  # fmt: skip
+                  "batch_id": self.batch_id, "webhook_endpoint_id": self.webhook_endpoint_id,
+                  "eval_id": self.eval_id}  # fmt: skip
         return PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -78,8 +80,12 @@ def _owned(api) -> Owned:
     batch = api.client(key).batches.create(input_file_id=requests.id, endpoint="/v1/chat/completions",
                                            completion_window="24h")
     hook = api.client(key).webhooks.create(name="s", url="https://example.com/hook", event_types=["batch.completed"])
+    made = api.client(key).evals.create(
+        data_source_config={"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True},
+        testing_criteria=[{"type": "string_check", "name": "c", "input": "{{sample.output_text}}", "reference": "x",
+                           "operation": "eq"}])
     return Owned(api.base_url.removesuffix("/v1"), state, account_id, key, other_key, uploaded.id, job_id, model, prefix,
-                 batch.id, hook.id)
+                 batch.id, hook.id, made.id)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@
 import { all, download, get } from "../api.js";
 import { button, facts, h, num, replace, statusBadge, table, usd, when } from "../dom.js";
 import { evalPoints, lossChart, trainPoints } from "../loss_chart.js";
+import { notServable } from "./jobs.js";
 
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
 
@@ -55,7 +56,8 @@ export function jobView(root, { live, params: [jobId] }) {
     replace(result, gl.result
       ? h("div", {}, facts(gl.result, "result"), job.result_files.map((id) =>
           button(`Download results file ${id}`, () => download(`files/${id}/content`, `${id}.csv`), id)),
-        job.fine_tuned_model ? h("p", {}, "Model ", h("code", {}, job.fine_tuned_model), " · ", h("a", { href: "#/models" }, "Models")) : null)
+        job.fine_tuned_model ? h("p", {}, "Model ", h("code", {}, job.fine_tuned_model), " · ", h("a", { href: "#/models" }, "Models"))
+          : notServable(job) ? h("p", { class: "not-servable", role: "status" }, notServable(job)) : null)
       : h("p", { class: "empty" }, ENDED.has(job.status) ? "No result: the job did not finish training." : "No result yet."));
     replace(checkpoints, table("Checkpoints, newest first", ["Step", "Checkpoint model", "Train loss", "Created", "Adapter"],
       ckpts.map((c) => [String(c.step_number), h("code", {}, c.fine_tuned_model_checkpoint), num(c.metrics.train_loss),

@@ -12,6 +12,12 @@ async function jobsWithLatest() {
     ? (await get(`fine_tuning/jobs/${job.id}/events?limit=1`)).data[0]?.message ?? "" : job.error?.message ?? "" })));
 }
 
+/** A succeeded job whose model was registered not servable: what the list says instead of a model. */
+export function notServable(job) {
+  const adapter = job.gridline.fine_tuned_adapter;
+  return adapter && adapter.servable === false ? `Not servable: ${adapter.reason ?? "no reason recorded"}` : "";
+}
+
 export function quoteCell(quote) {
   if (!quote || !quote.per_token) return "—";
   return `${usd(quote.per_token.max_charge_usd)} · ≤${num(quote.training_tokens_upper_bound)} tokens`;
@@ -23,7 +29,8 @@ export function jobsView(root, { live }) {
     head: ["Job", "Status", "Model", "Created", "Quote (max)", "Charge", "Latest"],
     row: ({ job: j, latest }) => [h("a", { href: `#/jobs/${j.id}` }, j.id), statusBadge(j.status), j.fine_tuned_model ?? j.model,
       when(j.created_at), quoteCell(j.gridline.quote),
-      j.gridline.charge ? `${usd(j.gridline.charge.usd)} (${j.gridline.charge.basis})` : "—", latest || j.gridline.reason || ""],
+      j.gridline.charge ? `${usd(j.gridline.charge.usd)} (${j.gridline.charge.basis})` : "—",
+      latest || notServable(j) || j.gridline.reason || ""],
     empty: "No jobs yet. Create one with the SDK: client.fine_tuning.jobs.create(...)",
   });
 }
