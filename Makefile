@@ -1,12 +1,16 @@
 # `make demo` and `make test` each create .venv when missing and install the project into it, and build
-# the WordNet that the meteor metric reads from Debian's wordnet-base and wordnet-sense-index (python
-# graders also need Debian's bubblewrap: `apt-get install bubblewrap wordnet-base wordnet-sense-index`).
+# the WordNet that the meteor metric reads from Debian's wordnet-base and wordnet-sense-index; python
+# graders run in Debian's bubblewrap. Those Debian packages are installed first when missing (as root).
 VENV := .venv
 STAMP := $(VENV)/.installed-stamp
+DEBIAN_PACKAGES := bubblewrap wordnet-base wordnet-sense-index
+APT_INSTALL := apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) \
+	|| (apt-get update -q && apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES))
 
 .PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
 
 $(STAMP): pyproject.toml
+	command -v bwrap >/dev/null && test -f /usr/share/wordnet/index.sense || $(APT_INSTALL)
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
