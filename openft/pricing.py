@@ -25,6 +25,9 @@ class BaseRate(BaseModel):
     batch_usd_per_mtok: float | None = Field(None, gt=0)
     """USD per million tokens a batch on this base or its ft: models processes (prompt and completion);
     None: a quarter of the supervised rate (a token generated costs less GPU time than one trained)."""
+    online_usd_per_mtok: float | None = Field(None, gt=0)
+    """USD per million tokens an online chat completion on this base or its ft: models processes (prompt
+    and completion); None: twice the batch rate (OpenAI's batches cost half its online rates)."""
 
 
 def _rate(supervised: float) -> BaseRate:
@@ -62,6 +65,10 @@ class PriceTable(BaseModel):
     def batch_usd_per_mtok(self, model: str) -> float:
         rate = self.rates[model]
         return rate.batch_usd_per_mtok if rate.batch_usd_per_mtok is not None else round(rate.supervised_usd_per_mtok / 4, 4)
+
+    def online_usd_per_mtok(self, model: str) -> float:
+        rate = self.rates[model]
+        return rate.online_usd_per_mtok if rate.online_usd_per_mtok is not None else round(2 * self.batch_usd_per_mtok(model), 4)
 
     def trained_usd_per_mtok(self, model: str, method_type: str) -> float:
         rate = self.rates[model]

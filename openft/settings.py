@@ -268,6 +268,50 @@ class Settings(BaseSettings):
         16, ge=1, description="Rows one engine actor decodes together (and takes per call)."
     )
     # -- end batches (h1) --
+    # -- online chat completions (issue 27, online/): one Serve deployment per served base --
+    online_bases: list[str] | None = Field(
+        None,
+        description="Bases answered online (POST /v1/chat/completions), with their ft: models and checkpoints; "
+        "None: every servable base of the catalog; [] turns online serving off. A base not listed answers "
+        "400 model_not_available.",
+    )
+    online_replica_resources: dict[str, float] = Field(
+        default_factory=lambda: {"CPU": 0},
+        description='Ray resources of one online replica (one copy of a base): say which nodes serve, e.g. {"GPU": 1, '
+        '"online": 1} with a custom resource on the serving nodes. The job controller keeps online_max_replicas of '
+        "these per served base out of what training and batches count on (jobs/scheduling.py), so serving never "
+        "starves training. The default takes no CPU: on one laptop it shares the cores and reserves nothing.",
+    )
+    online_min_replicas: int = Field(
+        0, ge=0, description="Replicas per served base when idle. 0 scales a base to zero after online_idle_seconds "
+        "without requests; its next request waits for a replica to load the base (seconds on the stand-ins, tens "
+        "of seconds for a 7B base on a GPU).",
+    )
+    online_max_replicas: int = Field(1, ge=1, description="Most replicas per served base under load.")
+    online_target_ongoing_requests: float = Field(
+        8.0, gt=0, description="Requests per replica Serve's autoscaler aims at: more add replicas, fewer remove them.",
+    )
+    online_max_ongoing_requests: int = Field(
+        32, ge=1, description="Requests one replica takes at once; those past online_max_batch_rows wait in its queue.",
+    )
+    online_max_batch_rows: int = Field(
+        16, ge=1, description="Requests one replica decodes together on one KV cache (continuous batching).",
+    )
+    online_adapters_per_replica: int = Field(
+        8, ge=1, description="Adapters one replica keeps loaded; past it the least recently used one is unloaded.",
+    )
+    online_idle_seconds: float = Field(
+        600.0, gt=0, description="Seconds without requests before a base scales down (to online_min_replicas).",
+    )
+    online_generations_per_account: int = Field(
+        16, ge=0, description="Chat completions one account may have generating at once, across all replicas; another "
+        "answers 429 rate_limit_exceeded with Retry-After. 0 = unlimited.",
+    )
+    rate_limit_generations_per_second: float = Field(
+        10.0, ge=0, description="A bucket per API key on chat completions, on top of the general one; 0 = unlimited.",
+    )
+    rate_limit_generations_burst: int = Field(20, ge=1, description="Chat completions a key may start at once.")
+    # -- end online --
     # -- graders (issue 25): the python sandbox's limits (OpenAI's by default) and model graders --
     grader_python_wall_seconds: float = Field(120.0, gt=0, description="A python grader's run is killed past this wall time.")
     grader_python_cpu_seconds: int = Field(120, ge=1, description="CPU seconds one python grader run may use.")
@@ -336,6 +380,23 @@ class Settings(BaseSettings):
     def _absolute_data_dir(cls, value: Path) -> Path:
         # Settings travel to Ray workers, whose working directory is not the caller's.
         return value.expanduser().resolve()
+
+    @field_validator("online_bases")
+    @classmethod
+    def _servable_online_bases(cls, value: list[str] | None) -> list[str] | None:
+        from catalog.bases import BASES
+
+        for name in value or ():
+            if name not in BASES or not BASES[name].servable:
+                raise ValueError(f"online_bases names {name!r}, which is not a servable base of the catalog")
+        return value
+
+    def served_bases(self) -> list[str]:
+        """The bases answered online, in catalog order."""
+        from catalog.bases import BASES
+
+        wanted = self.online_bases
+        return [b.id for b in BASES.values() if b.servable and (wanted is None or b.id in wanted)]
 
     def resolved_wandb_dir(self) -> Path:
         return self.wandb_dir or self.data_dir / "wandb"

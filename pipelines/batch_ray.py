@@ -38,7 +38,7 @@ from catalog.bases import get_base
 from openft.errors import InvalidRequest
 from openft.settings import Settings
 from pipelines._batch_input import Line, LineError, error_line, not_run_line, output_line, parse_line
-from pipelines.generate import GenRequest, GenResult, SamplingParams, load_engine, render_prompt
+from pipelines.generate import GenRequest, GenResult, SamplingParams, load_engine, prompt_for
 from storage.keys import ADAPTER_FILES
 
 STOP_MARKER = "STOP"
@@ -239,15 +239,9 @@ def _model_error(line: Line, plan: BatchPlan, order_of: dict) -> LineError | Non
 def _prepare(line: Line, adapter: str | None, tokenizer, base) -> tuple[bytes | None, LineError | None]:
     r = line.request
     try:
-        ids = render_prompt(r.messages, tokenizer, base, line.line_no)
+        ids, max_tokens = prompt_for(r.messages, r.max_tokens, tokenizer, base, line.line_no, where=f"line {line.line_no}: ")
     except InvalidRequest as exc:
         return None, LineError(400, exc.code, exc.message, exc.param)
-    room = base.max_seq_length - len(ids)
-    max_tokens = r.max_tokens if r.max_tokens is not None else room
-    if max_tokens > room or room < 1:
-        message = (f"line {line.line_no}: the prompt's {len(ids)} tokens and max_tokens {max_tokens} exceed the "
-                   f"{base.max_seq_length}-token context of {base.id}; shorten the messages or lower max_tokens.")  # fmt: skip
-        return None, LineError(400, "context_length_exceeded", message, "body.messages")
     request = {"adapter": adapter, "prompt_ids": ids, "max_tokens": max_tokens, "temperature": r.temperature,
                "top_p": r.top_p, "seed": r.seed, "stop": list(r.stop)}  # fmt: skip
     return orjson.dumps(request), None

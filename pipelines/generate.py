@@ -34,6 +34,7 @@ from typing import Protocol
 import torch
 
 from catalog.bases import BaseModelSpec
+from openft.errors import InvalidRequest
 from pipelines.render import render_generation_prompt
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
@@ -80,6 +81,22 @@ def render_prompt(messages: list[dict], tokenizer, base: BaseModelSpec, line_no:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
+def prompt_for(messages: list[dict], max_tokens: int | None, tokenizer, base: BaseModelSpec, line_no: int = 0,
+               where: str = "") -> tuple[list[int], int]:
+    """(prompt ids, max tokens) of a chat request: `max_tokens` None takes the context that is left.
+    Raises InvalidRequest `context_length_exceeded` when the prompt and `max_tokens` exceed the
+    base's context, before anything runs (`where` opens the message, e.g. "line 4: ")."""
+    ids = render_prompt(messages, tokenizer, base, line_no)
+    room = base.max_seq_length - len(ids)
+    max_tokens = max_tokens if max_tokens is not None else room
+    if max_tokens > room or room < 1:
+        raise InvalidRequest(
+            f"{where}the prompt's {len(ids)} tokens and max_tokens {max_tokens} exceed the {base.max_seq_length}-token "
+            f"context of {base.id}; shorten the messages or lower max_tokens.",
+            code="context_length_exceeded", param="body.messages")  # fmt: skip
+    return ids, max_tokens
+
+
 def end_of_turn_ids(tokenizer, base: BaseModelSpec) -> tuple[int, ...]:
     """The id of the token that closes an assistant turn of the last message (what training taught)."""
     token_id = tokenizer.convert_tokens_to_ids(base.end_of_turn)
@@ -111,24 +128,11 @@ def load_engine(
     # fp32 on CPU as training evaluates there; bf16 on GPU like training's autocast.
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tokenizer = load_tokenizer(base, source, Path(cache_root))
-    model = load_model(base, source, Path(cache_root), dtype=dtype)
-    if adapters:
-        from peft import PeftModel
-
-        with tempfile.TemporaryDirectory(prefix="openft-adapters-") as tmp:
-            # peft names modules after adapters, so ours (`ft:...`, with dots) are loaded under aliases.
-            for i, (name, files) in enumerate(sorted(adapters.items())):
-                directory = Path(tmp) / f"a{i}"
-                directory.mkdir()
-                for filename, data in files.items():
-                    (directory / Path(filename).name).write_bytes(data)
-                if i == 0:
-                    model = PeftModel.from_pretrained(model, directory, adapter_name=f"a{i}", is_trainable=False)
-                else:
-                    model.load_adapter(directory, adapter_name=f"a{i}", is_trainable=False)
-    model.to(device).eval()
-    aliases = {name: f"a{i}" for i, name in enumerate(sorted(adapters))}
-    return TransformersEngine(model, tokenizer, base, max_batch_rows=max_batch_rows, aliases=aliases)
+    model = load_model(base, source, Path(cache_root), dtype=dtype).to(device).eval()
+    engine = TransformersEngine(model, tokenizer, base, max_batch_rows=max_batch_rows)
+    for name, files in sorted(adapters.items()):
+        engine.add_adapter(name, files)
+    return engine
 
 
 def adapter_rank(files: dict[str, bytes]) -> int:
@@ -151,72 +155,76 @@ class TransformersEngine:
         self.max_batch_rows = max(1, max_batch_rows)
         self.eot = set(end_of_turn_ids(tokenizer, base))
         self.device = next(model.parameters()).device
-        self._peft = hasattr(model, "peft_config")
         # Request adapter name -> peft adapter name; by default the peft names themselves.
         self.aliases = aliases if aliases is not None else {n: n for n in getattr(model, "peft_config", {})}
         self._step_adapters: list[str] | None = None
-        if self._peft:
-            # peft's own `adapter_names=` path registers a hook on every LoRA layer per forward
-            # (a walk over all modules each decode step: a third of a step's time on the stand-in);
-            # one standing hook per layer passes the step's names the same way.
-            from peft.tuners.lora import LoraLayer
+        self._hooked: set[int] = set()
+        self._next_alias = len(self.aliases)
+        self._hook_lora_layers()
 
-            for module in model.modules():
-                if isinstance(module, LoraLayer):
-                    module.register_forward_pre_hook(self._inject_adapters, with_kwargs=True)
+    @property
+    def _peft(self) -> bool:
+        return hasattr(self.model, "peft_config")
+
+    def _hook_lora_layers(self) -> None:
+        # peft's own `adapter_names=` path registers a hook on every LoRA layer per forward (a walk
+        # over all modules each decode step: a third of a step's time on the stand-in); one standing
+        # hook per layer passes the step's names the same way. Layers an adapter added are hooked too.
+        if not self._peft:
+            return
+        from peft.tuners.lora import LoraLayer
+
+        for module in self.model.modules():
+            if isinstance(module, LoraLayer) and id(module) not in self._hooked:
+                module.register_forward_pre_hook(self._inject_adapters, with_kwargs=True)
+                self._hooked.add(id(module))
+
+    def add_adapter(self, name: str, files: dict[str, bytes]) -> None:
+        """Load a peft-format adapter (its files by name) onto the base under `name`. Not while a
+        `generate` or `DecodeLoop.advance` runs: the caller serialises them (online/engine.py runs
+        both on its one engine thread)."""
+        from peft import PeftModel
+
+        # peft names modules after adapters, so ours (`ft:...`, with dots) are loaded under aliases.
+        alias = f"a{self._next_alias}"
+        self._next_alias += 1
+        with tempfile.TemporaryDirectory(prefix="openft-adapters-") as tmp:
+            for filename, data in files.items():
+                (Path(tmp) / Path(filename).name).write_bytes(data)
+            if self._peft:
+                self.model.load_adapter(tmp, adapter_name=alias, is_trainable=False)
+            else:
+                self.model = PeftModel.from_pretrained(self.model, tmp, adapter_name=alias, is_trainable=False)
+        if self.model.active_adapter not in self.model.peft_config:
+            # Every adapter was removed before this one (online serving): peft still names the last one
+            # active, and its forward reads that adapter's config even when rows name theirs.
+            self.model.set_adapter(alias)
+        self.model.eval()
+        self.aliases[name] = alias
+        self._hook_lora_layers()
+
+    def remove_adapter(self, name: str) -> None:
+        """Unload `name` (no row of it may be decoding); its LoRA weights are freed."""
+        self.model.delete_adapter(self.aliases.pop(name))
+
+    def check(self, request: GenRequest) -> None:
+        if request.adapter is not None and request.adapter not in self.aliases:
+            raise ValueError(f"adapter {request.adapter!r} is not loaded on this engine")
+        if not request.prompt_ids or request.params.max_tokens < 1:
+            raise ValueError("every request needs a prompt and max_tokens >= 1")
 
     def generate(self, requests: Sequence[GenRequest], should_stop: Callable[[], bool] | None = None) -> list[GenResult]:
         for r in requests:
-            if r.adapter is not None and r.adapter not in self.aliases:
-                raise ValueError(f"adapter {r.adapter!r} is not loaded on this engine")
-            if not r.prompt_ids or r.params.max_tokens < 1:
-                raise ValueError("every request needs a prompt and max_tokens >= 1")
+            self.check(r)
         queue = sorted(requests, key=lambda r: (r.adapter or "", len(r.prompt_ids), r.key))
         queue.reverse()  # pop() from the end
         results: dict[int, GenResult] = {}
+        loop = DecodeLoop(self, queue, on_result=lambda result: results.__setitem__(result.key, result))
+        should_stop = should_stop or (lambda: False)
         with torch.inference_mode():
-            self._run(queue, results, should_stop or (lambda: False))
+            while loop.busy and not should_stop():
+                loop.advance()
         return [results[r.key] for r in requests if r.key in results]
-
-    # --- the loop ---
-
-    def _run(self, queue: list[GenRequest], results: dict[int, GenResult], should_stop: Callable[[], bool]) -> None:
-        rows: list[_Row] = []
-        cache = mask = None
-        next_ids: list[int] = []
-        solo = False  # a cache that cannot be spliced: one row at a time
-        while (queue or rows) and not should_stop():
-            while queue and len(rows) < (1 if solo else self.max_batch_rows):
-                request = queue.pop()
-                row = _Row(request, _generator(request.params), length=len(request.prompt_ids))
-                row_cache, logits = self._prefill(request)
-                solo = solo or not _spliceable(row_cache)
-                cache, mask = _splice(cache, mask, row_cache, row.length, self.device)
-                rows.append(row)
-                next_ids.append(self._choose(row, logits))
-            # Rows that are done after their last chosen token leave before the next step.
-            keep = []
-            for i, row in enumerate(rows):
-                row.tokens.append(next_ids[i])
-                result = self._finished(row)
-                if result is None:
-                    keep.append(i)
-                else:
-                    results[row.request.key] = result
-            if not keep:
-                rows, next_ids, cache, mask = [], [], None, None
-                continue
-            if len(keep) < len(rows):
-                rows = [rows[i] for i in keep]
-                next_ids = [next_ids[i] for i in keep]
-                cache, mask = _select(cache, mask, keep)
-                if queue:
-                    continue  # refill the freed slots before the next step
-            mask = torch.cat([mask, torch.ones((len(rows), 1), dtype=mask.dtype, device=self.device)], dim=1)
-            logits = self._step(cache, mask, rows, next_ids)
-            for row in rows:
-                row.length += 1
-            next_ids = [self._choose(row, logits[i]) for i, row in enumerate(rows)]
 
     def _inject_adapters(self, module, args, kwargs):
         if self._step_adapters is not None:
@@ -226,6 +234,8 @@ class TransformersEngine:
     def _forward(self, adapters: list[str | None], **kwargs):
         if not self._peft:
             return self.model(**kwargs)
+        if not self.model.peft_config:  # every adapter was removed (online serving): the base alone
+            return self.model.base_model.model(**kwargs)
         self._step_adapters = [self.aliases[n] if n is not None else BASE_ADAPTER for n in adapters]
         try:
             return self.model(**kwargs)
@@ -287,6 +297,71 @@ class TransformersEngine:
             prompt_tokens=len(row.request.prompt_ids),
             completion_tokens=len(row.tokens),
         )
+
+
+class DecodeLoop:
+    """The rows decoding together on one KV cache. Each `advance` is one step of the loop: free
+    slots are filled from `queue` (its `pop()` gives the next request; batches pop a sorted list,
+    online serving a FIFO that callers fill between steps), every row takes the token chosen for
+    it, finished rows leave (`on_result`), and the rest decode one more token. `on_token(row)` sees
+    each unfinished row after it took a token (online streaming reads `row.tokens`)."""
+
+    def __init__(self, engine: TransformersEngine, queue, *, on_result: Callable[[GenResult], None],
+                 on_token: Callable[[_Row], None] | None = None):
+        self.engine, self.queue, self.on_result, self.on_token = engine, queue, on_result, on_token
+        self.rows: list[_Row] = []
+        self.next_ids: list[int] = []
+        self.cache = self.mask = None
+        self.solo = False  # a cache that cannot be spliced: one row at a time
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.queue or self.rows)
+
+    def advance(self) -> None:
+        e = self.engine
+        while self.queue and len(self.rows) < (1 if self.solo else e.max_batch_rows):
+            request = self.queue.pop()
+            row = _Row(request, _generator(request.params), length=len(request.prompt_ids))
+            row_cache, logits = e._prefill(request)
+            self.solo = self.solo or not _spliceable(row_cache)
+            self.cache, self.mask = _splice(self.cache, self.mask, row_cache, row.length, e.device)
+            self.rows.append(row)
+            self.next_ids.append(e._choose(row, logits))
+        # Rows that are done after their last chosen token leave before the next step.
+        keep = []
+        for i, row in enumerate(self.rows):
+            row.tokens.append(self.next_ids[i])
+            result = e._finished(row)
+            if result is None:
+                keep.append(i)
+                if self.on_token is not None:
+                    self.on_token(row)
+            else:
+                self.on_result(result)
+        if len(keep) < len(self.rows):
+            self._keep(keep)
+            if self.queue or not self.rows:
+                return  # refill the freed slots before the next step
+        self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=self.mask.dtype, device=e.device)], dim=1)
+        logits = e._step(self.cache, self.mask, self.rows, self.next_ids)
+        for row in self.rows:
+            row.length += 1
+        self.next_ids = [e._choose(row, logits[i]) for i, row in enumerate(self.rows)]
+
+    def drop(self, keys: set[int]) -> None:
+        """Take the rows of `keys` out of the batch (their clients left); they return no result."""
+        keep = [i for i, row in enumerate(self.rows) if row.request.key not in keys]
+        if len(keep) < len(self.rows):
+            self._keep(keep)
+
+    def _keep(self, keep: list[int]) -> None:
+        if not keep:
+            self.rows, self.next_ids, self.cache, self.mask, self.solo = [], [], None, None, False
+            return
+        self.rows = [self.rows[i] for i in keep]
+        self.next_ids = [self.next_ids[i] for i in keep]
+        self.cache, self.mask = _select(self.cache, self.mask, keep)
 
 
 def _generator(params: SamplingParams) -> torch.Generator | None:
