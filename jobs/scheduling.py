@@ -22,7 +22,8 @@ for Ray Data. `start_runs` takes `fit` as a function of its locked session, so t
 fit beside the batches leased at that moment; batches/scheduling.py `claim_batches` starts
 batches only into what the leased runs and batches leave (`free_for`). So a batch never takes a
 running job's workers and a job never oversubscribes the cluster with a batch. A pass starts runs
-before it claims batches: a queued job goes first.
+before it claims batches: a queued job goes first. Online serving's most (`online_need`: its
+replicas at their maximum) is counted as held too, so serving never starves training (issue 27).
 """
 
 from __future__ import annotations
@@ -74,10 +75,11 @@ def placement_problem(settings: Settings, nodes: list[dict[str, float]]) -> str 
                 f"{placeable} such worker(s); lower OPENFT_TRAIN_NUM_WORKERS or add nodes with those resources")
     total = {k: sum(node.get(k, 0.0) for node in nodes) for k in {k for node in nodes for k in node}}
     need = run_need(settings)
-    if runs_that_fit(total, need, data_reserve(settings, need)) < 1:
+    if free_for(total, data_reserve(settings, need), online_need(settings), need) < 1:
         return (f"train_num_workers is {n} with train_worker_resources {bundle} per worker, which leaves less than "
                 f"train_data_cpus ({settings.train_data_cpus:g}) CPUs of this cluster for the Ray Data reads that feed "
-                f"them; lower OPENFT_TRAIN_NUM_WORKERS or the workers' CPUs, or add CPU nodes")
+                f"them beside online serving's {online_need(settings) or 'nothing'}; lower OPENFT_TRAIN_NUM_WORKERS or "
+                f"the workers' CPUs, lower OPENFT_ONLINE_MAX_REPLICAS or OPENFT_ONLINE_REPLICA_RESOURCES, or add nodes")
     return None
 
 
@@ -113,10 +115,20 @@ def held(session, settings: Settings, *, runs: bool = True, batches: bool = True
             transitions.RUN_LEASE))))
     if batches:
         counts.append((batch_need(settings), count_leased(session)))
+    counts.append((online_need(settings), 1))  # online serving's most, whether it is scaled up or not
     for need, n in counts:
         for k, v in need.items():
             out[k] = out.get(k, 0.0) + v * n
     return out
+
+
+def online_need(settings: Settings) -> dict[str, float]:
+    """Ray resources online serving may take (issue 27): `online_max_replicas` replicas of
+    `online_replica_resources` per served base. Kept out of what runs and batches count on, so that
+    replicas scaling up under load never take a run's workers (nor wait behind them)."""
+    per_base = {k: float(v) * settings.online_max_replicas for k, v in settings.online_replica_resources.items()}
+    n = len(settings.served_bases())
+    return {k: v * n for k, v in per_base.items() if v > 0}
 
 
 def free_for(total: dict[str, float], reserve: dict[str, float], taken: dict[str, float],

@@ -32,7 +32,6 @@ from collections.abc import AsyncIterator
 from ray import serve
 
 from catalog.bases import get_base
-from online.engine import OnlineEngine
 from online.protocol import Delta, OnlineRequest, deployment_name
 from openft import metrics
 from openft.settings import Settings
@@ -44,6 +43,7 @@ _STATS_EVERY_S = 2.0
 @serve.deployment
 class BaseServer:
     def __init__(self, settings: Settings, base_id: str):
+        from online.engine import OnlineEngine  # torch: in the replica, not in the process that deploys
         from pipelines.generate import load_engine
         from storage.objects import open_object_store
 

@@ -275,7 +275,7 @@ class OnlineEngine:
             stream.prefix_offset, stream.read_offset = stream.read_offset, len(tokens)
         safe = len(stream.text) - stream.holdback
         if safe > stream.sent:
-            stream.put(Delta(stream.text[stream.sent:safe]))
+            stream.put(Delta(stream.text[stream.sent:safe], None, len(row.request.prompt_ids), len(tokens)))
             stream.sent = safe
 
     def _result(self, result: GenResult) -> None:

@@ -25,7 +25,7 @@ class Delta:
     text: str
     finish_reason: str | None = None  # "stop" | "length" on the last piece
     prompt_tokens: int = 0
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # generated so far (all of them on the last piece)
 
 
 def deployment_name(base_id: str) -> str:

@@ -52,8 +52,17 @@ class NotFound(ServiceError):
     type = "invalid_request_error"
     retryable = False
 
-    def __init__(self, message: str, *, param: str | None = None):
-        super().__init__(message, code="not_found", param=param)
+    def __init__(self, message: str, *, param: str | None = None, code: str = "not_found"):
+        super().__init__(message, code=code, param=param)
+
+
+class InsufficientQuota(ServiceError):
+    """429 `insufficient_quota` (OpenAI's type and code): the credit cannot fund the request; adding
+    credit, not retrying, cures it."""
+
+    status = 429
+    type = "insufficient_quota"
+    retryable = False
 
 
 class Conflict(ServiceError):

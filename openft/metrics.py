@@ -5,7 +5,7 @@ node's metrics export port (`ray start --metrics-export-port`), beside Ray's own
 
 Where it sits: the shared core; the layers call the `record_*`/`set_*` functions below at the one
 place each figure is known (the controller's pass, a run's start and end, upload validation, a
-merge, a batch). Every figure is recorded by a long-lived process (the job controller actor, the
+merge, a batch, an online replica). Every figure is recorded by a long-lived process (the job controller actor, the
 API's Serve replicas), not by a Ray Train worker: a worker that ends seconds after recording
 can die before the agent's next collection, and its figure would be lost.
 
@@ -28,11 +28,16 @@ TRAIN_TOKENS_PER_S = "openft_train_tokens_per_second"
 UPLOAD_MB_PER_S = "openft_upload_validation_mb_per_second"
 MERGE_GB_PER_S = "openft_merge_gb_per_second"
 BATCH_TOKENS_PER_S = "openft_batch_output_tokens_per_second"
+ONLINE_FIRST_TOKEN = "openft_online_time_to_first_token_seconds"
+ONLINE_TOKENS_PER_S = "openft_online_tokens_per_second"
+ONLINE_QUEUE = "openft_online_queue_depth"
+ONLINE_ADAPTERS = "openft_online_adapter_events"
 
 _SECONDS = [1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600, 7200, 21600, 86400]
 _TOKENS_PER_S = [10, 50, 100, 500, 1000, 5000, 10_000, 50_000, 100_000, 500_000]
 _MB_PER_S = [1, 5, 10, 25, 50, 100, 250, 500, 1000, 2500]
 _GB_PER_S = [0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10]
+_FIRST_TOKEN_S = [0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120]
 
 # name -> (kind, description, tag keys, histogram boundaries)
 _DEFINITIONS = {
@@ -49,6 +54,13 @@ _DEFINITIONS = {
                      ("model",), _GB_PER_S),
     BATCH_TOKENS_PER_S: ("histogram", "Generated (completion) tokens per second of a batch's run.",
                          ("model",), _TOKENS_PER_S),
+    ONLINE_FIRST_TOKEN: ("histogram", "Seconds from an online chat completion's arrival at its base's replica to its "
+                         "first token (queueing, adapter load and prefill).", ("model",), _FIRST_TOKEN_S),
+    ONLINE_TOKENS_PER_S: ("histogram", "Completion tokens per second of one online chat completion, arrival to end.",
+                          ("model",), _TOKENS_PER_S),
+    ONLINE_QUEUE: ("gauge", "Online chat completions waiting for a place in their replica's batch.", ("model",), None),
+    ONLINE_ADAPTERS: ("counter", "Adapters loaded onto a replica's base (event=load) and evicted from its cache, "
+                      "least recently used first (event=eviction).", ("model", "event"), None),
 }
 
 _made: dict[str, object] = {}
@@ -68,6 +80,8 @@ def _metric(name: str):
             kind, description, tag_keys, boundaries = _DEFINITIONS[name]
             if kind == "gauge":
                 _made[name] = metrics.Gauge(name, description=description, tag_keys=tag_keys)
+            elif kind == "counter":
+                _made[name] = metrics.Counter(name, description=description, tag_keys=tag_keys)
             else:
                 _made[name] = metrics.Histogram(name, description=description, boundaries=boundaries,
                                                 tag_keys=tag_keys)  # fmt: skip
@@ -121,3 +135,27 @@ def record_batch(completion_tokens: int, seconds: float, *, model: str) -> None:
     rate = _rate(completion_tokens, seconds)
     if rate is not None:
         _observe(BATCH_TOKENS_PER_S, rate, model=model)
+
+
+# -- online chat completions (issue 27), recorded by the bases' online replicas --
+def record_online_first_token(seconds: float, *, model: str) -> None:
+    _observe(ONLINE_FIRST_TOKEN, max(0.0, seconds), model=model)
+
+
+def record_online_tokens(completion_tokens: int, seconds: float, *, model: str) -> None:
+    rate = _rate(completion_tokens, seconds)
+    if rate is not None:
+        _observe(ONLINE_TOKENS_PER_S, rate, model=model)
+
+
+def set_online_queue_depth(depth: int, *, model: str) -> None:
+    metric = _metric(ONLINE_QUEUE)
+    if metric is not None:
+        metric.set(depth, tags={"model": model})
+
+
+def count_online_adapters(kind: str, count: int, *, model: str) -> None:
+    """`kind`: "loads" or "evictions"; `count` new ones since the last report."""
+    metric = _metric(ONLINE_ADAPTERS)
+    if metric is not None and count > 0:
+        metric.inc(count, tags={"model": model, "event": kind.removesuffix("s")})

@@ -78,6 +78,23 @@ class _Refused(Exception):
         self.error = error
 
 
+class BodyRefused(Exception):
+    """A chat request body a batch line could not run; `error.param` names the field as `body.<field>`."""
+
+    def __init__(self, error: LineError):
+        super().__init__(error.code)
+        self.error = error
+
+
+def check_body(body: dict) -> Request:
+    """The body of a chat completion as a batch line's body is checked, field for field: the online
+    route (serve_app/services/chat.py) takes what batch lines take and refuses what they refuse."""
+    try:
+        return _request({"method": "POST", "url": URL, "body": body})
+    except _Refused as exc:
+        raise BodyRefused(exc.error) from None
+
+
 def _request(row: dict) -> Request:
     if row.get("method") != "POST":
         raise _Refused(_invalid("method", "must be POST"))

@@ -280,7 +280,8 @@ def tokenized_prefix(file_sha256: str, base: BaseModelSpec, max_seq_length: int,
 
 
 @functools.lru_cache(maxsize=4)
-def _tokenizer(base_id: str, source: ModelSource, cache_root: str):
+def cached_tokenizer(base_id: str, source: ModelSource, cache_root: str):
+    """A base's tokenizer, loaded once per process (tokenize tasks, the online route)."""
     return load_tokenizer(get_base(base_id), source, Path(cache_root))
 
 
@@ -293,7 +294,7 @@ def _tokenize_range(item: dict, *, store_spec: tuple, key: str, prefix: str, bas
     if data.endswith(b"\n"):
         lines.pop()
     try:
-        table, report = tokenize_lines(lines, item["first_line"], _tokenizer(base_id, source, cache_root), get_base(base_id), max_seq_length, method)
+        table, report = tokenize_lines(lines, item["first_line"], cached_tokenizer(base_id, source, cache_root), get_base(base_id), max_seq_length, method)
     except TrainingError as exc:
         # Returned, not raised: the driver fails the job with the first bad line of the whole file.
         return {"index": item["index"], "error_line": item["first_line"], "error_code": exc.code, "error_message": exc.message, "shard": "", "report": b""}

@@ -23,6 +23,7 @@ from ray import serve
 from openft.head_node import HEAD_NODE_RESOURCES
 from openft.settings import Settings
 from serve_app.app import create_app
+from serve_app.state import AppState
 
 # How often a stopping replica checks whether its requests have finished (Serve's default: 2 s).
 _SHUTDOWN_POLL_S = 0.2
@@ -31,18 +32,21 @@ _SHUTDOWN_POLL_S = 0.2
 @serve.deployment(name="openft-api", ray_actor_options={"num_cpus": 0, "resources": HEAD_NODE_RESOURCES})
 @serve.ingress()
 class OpenFTAPI:
-    def __init__(self, settings: Settings):
-        self.settings = settings
+    def __init__(self, settings: Settings, online: dict | None = None):
+        self.settings, self.online = settings, online or {}
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.settings)
+        return create_app(self.settings, AppState.from_settings(self.settings, self.online))
 
 
 def build_app(settings: Settings):
-    """The Serve application for `serve.run(...)`, sized by the settings."""
+    """The Serve application for `serve.run(...)`, sized by the settings: the API, and beside it one
+    deployment per base served online (online/deployment.py), whose handles the API calls."""
+    from online.deployment import online_deployments
+
     return OpenFTAPI.options(
         num_replicas=settings.api_replicas,
         max_ongoing_requests=settings.api_max_ongoing_requests,
         graceful_shutdown_timeout_s=settings.shutdown_grace_seconds,
         graceful_shutdown_wait_loop_s=_SHUTDOWN_POLL_S,
-    ).bind(settings)
+    ).bind(settings, online_deployments(settings))

@@ -14,6 +14,9 @@ The route dependencies that apply these sit in `serve_app.auth`:
   (`rate_limit_requests_per_second`, `rate_limit_requests_burst`): `current_account`.
 - Uploads and job creates also take one from a stricter bucket they share
   (`rate_limit_heavy_per_second`, `rate_limit_heavy_burst`): `heavy_request`.
+- Chat completions also take one from their own bucket (`rate_limit_generations_per_second`,
+  `rate_limit_generations_burst`), and hold one of the account's `online_generations_per_account`
+  generation slots while they generate: `generation_slot` (issue 27).
 - An upload holds one of its account's `uploads_in_flight_per_account` slots while its body is
   read: `upload_slot`. The slot is released when the handler ends however it ends (stored,
   refused, client gone, server error); a replica that dies mid-upload stops renewing its lease,
@@ -46,7 +49,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session
 
 log = logging.getLogger("openft.api")
-GENERAL, HEAVY = "requests", "heavy"
+GENERAL, HEAVY, GENERATIONS = "requests", "heavy", "generations"
 SLOT_RETRY_AFTER_S = 1.0
 
 
@@ -63,7 +66,7 @@ def take(session: Session, settings: Settings, account_id: str, bucket: str) -> 
     wait = repo.take_token(session, account_id, bucket, rate=rate, burst=burst)
     if wait <= 0:
         return None
-    what = "requests" if bucket == GENERAL else "uploads and fine-tuning job creates"
+    what = {GENERAL: "requests", HEAVY: "uploads and fine-tuning job creates", GENERATIONS: "chat completions"}[bucket]
     return RateLimited(f"Rate limit reached for {what}: {rate:g} per second with bursts of {burst} per API key. "
                        "Retry after the time in the Retry-After header.", code="rate_limit_exceeded", retry_after=wait)
 
@@ -71,20 +74,37 @@ def take(session: Session, settings: Settings, account_id: str, bucket: str) -> 
 def _bucket(settings: Settings, bucket: str) -> tuple[float, int]:
     if bucket == GENERAL:
         return settings.rate_limit_requests_per_second, settings.rate_limit_requests_burst
+    if bucket == GENERATIONS:
+        return settings.rate_limit_generations_per_second, settings.rate_limit_generations_burst
     return settings.rate_limit_heavy_per_second, settings.rate_limit_heavy_burst
 
 
 @contextlib.asynccontextmanager
 async def upload_slot(state: AppState, account_id: str) -> AsyncIterator[None]:
     """Hold one of the account's upload slots for the body of the `async with`, or raise 429."""
-    cap, lease_s = state.settings.uploads_in_flight_per_account, state.settings.upload_slot_lease_seconds
+    async with _slot(state, account_id, "upload", state.settings.uploads_in_flight_per_account, "uploads in flight"):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def generation_slot(state: AppState, account_id: str) -> AsyncIterator[None]:
+    """Hold one of the account's generation slots (online chat completions) for the body of the
+    `async with`, or raise 429."""
+    async with _slot(state, account_id, "generation", state.settings.online_generations_per_account,
+                     "chat completions generating"):
+        yield
+
+
+@contextlib.asynccontextmanager
+async def _slot(state: AppState, account_id: str, kind: str, cap: int, what: str) -> AsyncIterator[None]:
+    lease_s = state.settings.upload_slot_lease_seconds
     if cap <= 0:
         yield
         return
     holder = secrets.token_hex(16)
-    in_flight = await asyncio.to_thread(acquire_slot, state.db, account_id, holder, cap=cap, lease_s=lease_s)
+    in_flight = await asyncio.to_thread(acquire_slot, state.db, account_id, holder, kind=kind, cap=cap, lease_s=lease_s)
     if in_flight >= cap:
-        raise RateLimited(f"Your account has {in_flight} uploads in flight, the most it may have at once. "
+        raise RateLimited(f"Your account has {in_flight} {what}, the most it may have at once. "
                           "Retry when one of them has ended.",
                           code="rate_limit_exceeded", limit=cap, current=in_flight, retry_after=SLOT_RETRY_AFTER_S)
     renewer = asyncio.create_task(_renew(state.db, holder, lease_s))
@@ -96,30 +116,30 @@ async def upload_slot(state: AppState, account_id: str) -> AsyncIterator[None]:
         await asyncio.shield(asyncio.to_thread(_release, state.db, holder))
 
 
-def acquire_slot(db: Database, account_id: str, holder: str, *, cap: int, lease_s: float) -> int:
-    """Take a slot for `holder` if fewer than `cap` are held; returns how many were held before."""
+def acquire_slot(db: Database, account_id: str, holder: str, *, kind: str = "upload", cap: int, lease_s: float) -> int:
+    """Take a slot of `kind` for `holder` if fewer than `cap` are held; returns how many were held before."""
     with db.session() as session:
         lock_account(session, account_id)  # concurrent acquires of one account count one after another
-        return repo.acquire_upload_slot(session, account_id, holder, cap=cap, lease_s=lease_s)
+        return repo.acquire_slot(session, account_id, holder, kind=kind, cap=cap, lease_s=lease_s)
 
 
 async def _renew(db: Database, holder: str, lease_s: float) -> None:
     def renew() -> bool:
         with db.session() as session:
-            return repo.renew_upload_slot(session, holder, lease_s=lease_s)
+            return repo.renew_slot(session, holder, lease_s=lease_s)
 
     while True:
         await asyncio.sleep(lease_s / 3)
         try:
             held = await asyncio.to_thread(renew)
         except Exception as exc:  # a database blip: the next renewal, a third of a lease later, retries
-            log.warning("upload slot renewal failed: %s", type(exc).__name__)
+            log.warning("slot renewal failed: %s", type(exc).__name__)
             continue
         if not held:
-            log.warning("an upload slot's lease lapsed before its upload ended; the upload goes on uncounted")
+            log.warning("a slot's lease lapsed before its work ended; the work goes on uncounted")
             return
 
 
 def _release(db: Database, holder: str) -> None:
     with db.session() as session:
-        repo.release_upload_slot(session, holder)
+        repo.release_slot(session, holder)

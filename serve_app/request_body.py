@@ -49,6 +49,8 @@ BODY_LIMITS: dict[str, int | None] = {
     "validate_grader": 2 * MIB,
     "run_grader": 2 * MIB,
     "create_eval": 4 * MIB,
+    # the messages of a whole context (8,192 tokens of several bytes each, JSON-escaped) with room
+    "create_chat_completion": 1 * MIB,
 }
 
 

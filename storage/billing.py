@@ -26,7 +26,7 @@ from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.models import Account, Job, LedgerEntry
+from storage.models import Account, Job, LedgerEntry, OnlineUsage
 
 USER_SIDE_FAILURES = frozenset({"adapter_quota_exceeded"})
 MONEY_KINDS = ("deposit", "refund", "charge")
@@ -162,3 +162,41 @@ def settle(session: Session, job: Job, now: int) -> None:
         add_entry(session, job.account_id, "charge", -cents, now, job_id=job.id, key=f"charge:{job.id}")
     job.charge = {"usd": to_usd(cents), "cents": cents, "basis": basis, "trained_tokens": job.trained_tokens or 0,
                   "trained_usd_per_mtok": job.quote["per_token"]["trained_usd_per_mtok"]}
+
+
+# -- online chat completions (issue 27) --
+_MICROCENTS_PER_CENT = 1_000_000
+
+
+def online_most_cents(tokens: int, usd_per_mtok: float) -> int:
+    """The most `tokens` can cost at `usd_per_mtok`, in whole cents rounded up."""
+    return -(-_microcents(tokens, usd_per_mtok) // _MICROCENTS_PER_CENT)
+
+
+def _microcents(tokens: int, usd_per_mtok: float) -> int:
+    # USD = tokens x rate / 1e6, so micro-cents = tokens x rate x 100.
+    return int((Decimal(tokens) * Decimal(str(usd_per_mtok)) * 100).to_integral_value(ROUND_HALF_UP))
+
+
+def charge_online(session: Session, account_id: str, base: str, *, prompt_tokens: int, completion_tokens: int,
+                  usd_per_mtok: float, now: int) -> int:
+    """Add one online chat completion to the account's usage on `base` and charge the ledger the whole
+    cents its accrued cost has passed since the last charge; returns the cents charged now. A request
+    costs less than a cent, so the cost accrues in micro-cents and nothing is rounded away. The caller
+    holds the account's lock (concurrent completions of one account add one after another)."""
+    usage = session.get(OnlineUsage, (account_id, base))
+    if usage is None:
+        usage = OnlineUsage(account_id=account_id, base=base, requests=0, prompt_tokens=0, completion_tokens=0,
+                            accrued_microcents=0, charged_cents=0, updated_at=now)
+        session.add(usage)
+    usage.requests += 1
+    usage.prompt_tokens += prompt_tokens
+    usage.completion_tokens += completion_tokens
+    usage.accrued_microcents += _microcents(prompt_tokens + completion_tokens, usd_per_mtok)
+    usage.updated_at = now
+    cents = usage.accrued_microcents // _MICROCENTS_PER_CENT - usage.charged_cents
+    if cents > 0:
+        usage.charged_cents += cents
+        add_entry(session, account_id, "charge", -cents, now, note=f"online chat completions on {base}")
+    session.flush()
+    return cents

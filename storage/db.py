@@ -88,7 +88,9 @@ def upgrade(engine: Engine) -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
-        command.upgrade(cfg, "head")
+        # "heads": migrations written on parallel branches each revise the same parent until they are
+        # chained; every branch's head is applied.
+        command.upgrade(cfg, "heads")
 
 
 class Database:

@@ -258,6 +258,25 @@ class UploadSlot(Base):
     holder: Mapped[str] = mapped_column(String(32), primary_key=True)
     account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), index=True)
     expires_at: Mapped[float] = mapped_column(Float)
+    # What the slot is for: "upload" (a body being received) or "generation" (an online chat
+    # completion being generated, issue 27); each kind has its own cap per account.
+    kind: Mapped[str] = mapped_column(String(16), server_default="upload")
+
+
+class OnlineUsage(Base):
+    """An account's online chat completion tokens on one base, and what they have cost: the cost is
+    accrued in micro-cents per request and charged to the ledger a whole cent at a time (issue 27)."""
+
+    __tablename__ = "online_usage"
+
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"), primary_key=True)
+    base: Mapped[str] = mapped_column(String(64), primary_key=True)
+    requests: Mapped[int] = mapped_column(BigInteger, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    completion_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    accrued_microcents: Mapped[int] = mapped_column(BigInteger, default=0)
+    charged_cents: Mapped[int] = mapped_column(BigInteger, default=0)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
 
 
 # -- batches (issue 13) --

@@ -1,12 +1,14 @@
-"""Token buckets and upload-slot leases in the database, so that every API replica shares them.
+"""Token buckets and slot leases (uploads, generations) in the database, so that every API replica shares them.
 
 A bucket is one row per (account, bucket name), refilled and debited by one atomic upsert
 (`INSERT ... ON CONFLICT DO UPDATE ... RETURNING`, one round trip on PostgreSQL and on SQLite >= 3.35)
 computed on the database's clock: concurrent requests on any replica queue on the row lock
 (PostgreSQL) or the write lock (SQLite, BEGIN IMMEDIATE), and replicas' clocks never enter the sum.
 
-An upload slot is a row with a lease: its holder renews it while the upload runs and deletes it when
-the upload ends; a replica that crashed stops renewing, and its slots count no more once they lapse.
+A slot is a row with a lease and a kind ("upload": a body being received; "generation": an online chat
+completion being generated): its holder renews it while the work runs and deletes it when the work
+ends; a replica that crashed stops renewing, and its slots count no more once they lapse. Each kind
+is counted against its own cap.
 """
 
 from __future__ import annotations
@@ -68,26 +70,27 @@ def take_token(session: Session, account_id: str, bucket: str, *, rate: float, b
     return 0.0 if allowed else (1.0 - tokens) / rate
 
 
-def acquire_upload_slot(session: Session, account_id: str, holder: str, *, cap: int, lease_s: float) -> int:
-    """Take one of the account's `cap` upload slots for `holder`; returns the slots in use before.
-    The caller holds the account's lock, so that concurrent acquires count one after another;
-    the count is at most `cap` - 1 if the slot was taken, else `cap` or more."""
+def acquire_slot(session: Session, account_id: str, holder: str, *, kind: str, cap: int, lease_s: float) -> int:
+    """Take one of the account's `cap` slots of `kind` for `holder`; returns the slots of that kind in
+    use before. The caller holds the account's lock, so that concurrent acquires count one after
+    another; the count is at most `cap` - 1 if the slot was taken, else `cap` or more."""
     now = db_now(session)
     session.execute(delete(UploadSlot).where(UploadSlot.account_id == account_id, UploadSlot.expires_at < now))
-    in_use = session.scalar(select(func.count()).select_from(UploadSlot).where(UploadSlot.account_id == account_id))
+    in_use = session.scalar(select(func.count()).select_from(UploadSlot).where(
+        UploadSlot.account_id == account_id, UploadSlot.kind == kind))
     if in_use < cap:
-        session.execute(UploadSlot.__table__.insert().values(holder=holder, account_id=account_id,
+        session.execute(UploadSlot.__table__.insert().values(holder=holder, account_id=account_id, kind=kind,
                                                              expires_at=now + lease_s))
     return in_use
 
 
-def renew_upload_slot(session: Session, holder: str, *, lease_s: float) -> bool:
-    """Extend the holder's lease; False if it had lapsed and was taken over (the upload then runs uncounted)."""
+def renew_slot(session: Session, holder: str, *, lease_s: float) -> bool:
+    """Extend the holder's lease; False if it had lapsed and was taken over (the work then runs uncounted)."""
     result = session.execute(
         update(UploadSlot).where(UploadSlot.holder == holder).values(expires_at=db_now(session) + lease_s)
     )
     return result.rowcount == 1
 
 
-def release_upload_slot(session: Session, holder: str) -> None:
+def release_slot(session: Session, holder: str) -> None:
     session.execute(delete(UploadSlot).where(UploadSlot.holder == holder))

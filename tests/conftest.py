@@ -28,7 +28,11 @@ prepare_ray_environment(RAY_SETTINGS)
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The suite's deployments run unthrottled: tests (and fuzzers) make many quick calls from one key.
 # tests/serve_app/test_rate_limits.py deploys its own with limits on.
-RATE_LIMITS_OFF = {"rate_limit_requests_per_second": 0, "rate_limit_heavy_per_second": 0, "uploads_in_flight_per_account": 0}
+RATE_LIMITS_OFF = {"rate_limit_requests_per_second": 0, "rate_limit_heavy_per_second": 0, "uploads_in_flight_per_account": 0,
+                   "rate_limit_generations_per_second": 0, "online_generations_per_account": 0}
+# Online serving (issue 27) of the one base the tests chat with; its deployment has no replica until
+# a test sends it a request.
+ONLINE_TEST_BASES = {"online_bases": ["qwen2.5-0.5b-instruct"]}
 # The python graders' sandbox with small limits, so that the escape tests end in seconds (OpenAI's
 # 2 minutes, 2 GB and 1 GB are the settings' defaults).
 # The wall limit stays well above the CPU limit: on a loaded machine 1 CPU-second takes many.
@@ -178,7 +182,7 @@ def apis(request, session_dir: Path, serve_port: int):
     def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
             overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF,
-                         **SANDBOX_TEST_LIMITS, **settings_overrides}
+                         **SANDBOX_TEST_LIMITS, **ONLINE_TEST_BASES, **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")
             settings = Settings(data_dir=session_dir / f"api-{name}", **overrides)
@@ -197,7 +201,23 @@ def admin_api(apis) -> Api:
     URL for redirects: one, shared by the billing and API-surface tests, since each deployment costs
     tens of seconds on a busy machine."""
     return apis("billing", billing_enabled=True, admin_key=ADMIN_KEY, api_docs_public=True,
-                public_base_url="https://ft.example.com/openft")  # fmt: skip
+                public_base_url="https://ft.example.com/openft", **ONLINE_TEST_LIMITS)  # fmt: skip
+
+
+def _online_test_prices():
+    from openft.pricing import DEFAULT_RATES, BaseRate, PriceTable
+
+    rate = BaseRate(supervised_usd_per_mtok=0.40, dpo_usd_per_mtok=0.80, online_usd_per_mtok=1000.0)
+    return PriceTable(rates={**DEFAULT_RATES, "qwen2.5-0.5b-instruct": rate})
+
+
+# The billing deployment also answers chat completions (tests/serve_app/test_chat_api.py) under small
+# limits: two adapters per replica (four fine-tunes evict), 8 generations per account at once, a
+# generation bucket of 30 refilled at 1 a second, and an online rate of 1,000 USD per million tokens
+# on the test base (a tenth of a cent a token: a few short answers charge whole cents).
+ONLINE_TEST_LIMITS = {"online_adapters_per_replica": 2, "online_generations_per_account": 8,
+                      "rate_limit_generations_per_second": 1, "rate_limit_generations_burst": 30,
+                      "prices": _online_test_prices()}
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])

@@ -15,6 +15,7 @@ from online.engine import OnlineEngine
 from online.protocol import OnlineRequest
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from tests.factories import random_adapter
+from tests.utils.greedy import same_or_tie
 
 BASE_ID = "qwen2.5-0.5b-instruct"
 TICKETS = ["My parcel never arrived.", "I was charged twice for one order.", "I cannot log in since Monday.",
@@ -53,24 +54,6 @@ async def hold_all(online, adapters, names):
     return [await online.hold_adapter(n, lambda n=n: adapters[n]) for n in names]
 
 
-# Rows decoded in batches of other sizes take other CPU kernels (a one-row product is not a many-row
-# one), so a random adapter's flat logits can tip at a near-tie: the parity check's tolerance
-# (Settings.parity_logit_tolerance) tells such a tie from a row that ran another adapter.
-TIE = 0.05
-
-
-def same_or_tie(batch, request: OnlineRequest, adapter, want, got: str) -> bool:
-    """`got` is `want`'s text, or leaves it where the reference's top two logits are within TIE."""
-    if got == want.text:
-        return True
-    tokens = list(want.token_ids)
-    k = next(i for i in range(len(tokens)) if not got.startswith(batch._text(tokens[: i + 1])))
-    with torch.inference_mode():
-        ids = torch.tensor([list(request.prompt_ids) + tokens[:k]])
-        top = torch.topk(batch._forward([adapter], input_ids=ids).logits[0, -1], 2).values
-    return float(top[0] - top[1]) <= TIE
-
-
 def test_concurrent_streams_decode_together_and_each_answers_as_its_adapter(setup):
     base, batch, online, adapters = setup
     names = [None, "ft-1", "ft-2", "ft-3"]
@@ -95,7 +78,7 @@ def test_concurrent_streams_decode_together_and_each_answers_as_its_adapter(setu
     # Together (four models in batches of four), each answers as its own model.
     together = asyncio.run(run(together=True))
     for (adapter, request), deltas, want in zip(cases, together, solo):
-        assert same_or_tie(batch, request, adapter, want, "".join(d.text for d in deltas)), adapter
+        assert same_or_tie(batch, request.prompt_ids, adapter, want, "".join(d.text for d in deltas)), adapter
         assert deltas[-1].completion_tokens == want.completion_tokens or deltas[-1].finish_reason == "stop"
         assert all(d.finish_reason is None for d in deltas[:-1]) and deltas[-1].finish_reason is not None
     assert len({"".join(d.text for d in a) for a in together[:4]}) == 4  # four models, four answers
