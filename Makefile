@@ -42,10 +42,18 @@ test-faults: $(STAMP)
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster tests/cluster
 
+# Promptfoo for tests/e2e/test_promptfoo.py, pinned in its own package.json (Node.js 20.20 or newer;
+# about 2 minutes and 1.4 GB the first time, its optional native packages included: libsql needs them).
+PROMPTFOO := tests/e2e/promptfoo/node_modules/.bin/promptfoo
+$(PROMPTFOO): tests/e2e/promptfoo/package.json tests/e2e/promptfoo/package-lock.json
+	cd tests/e2e/promptfoo && npm ci --no-audit --no-fund
+	touch $(PROMPTFOO)
+
 # People's tools against one running `openft serve` on a Ray cluster of its own: the web dashboard in
 # Debian's headless Chromium (Playwright), the user CLI in a real terminal, the examples/ notebooks
-# in a Jupyter kernel, the Ray dashboard's state API and metrics. Screenshots go to build/e2e/.
-test-e2e: $(STAMP) $(DASHBOARD)
+# in a Jupyter kernel, the Ray dashboard's state API and metrics, chat completions on four trained
+# fine-tunes through the SDK and through Promptfoo. Screenshots go to build/e2e/.
+test-e2e: $(STAMP) $(DASHBOARD) $(PROMPTFOO)
 	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
 
 # The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,

@@ -1,4 +1,4 @@
-"""The user's half of the `openft` command: files, jobs, models, merges and batches through the API,
+"""The user's half of the `openft` command: files, jobs, models, merges, batches and chat through the API,
 with the official `openai` SDK as client (httpx for the resumable downloads: entrypoints/_download.py).
 Configured as the SDK is: `OPENAI_BASE_URL` and `OPENAI_API_KEY`, or `--base-url` and `--api-key`.
 
@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from entrypoints import user_jobs
+from entrypoints import user_chat, user_jobs
 from entrypoints.user_jobs import api_client, emit, run_user_command
 from storage.keys import ADAPTER_FILES
 
@@ -183,7 +183,7 @@ def _leaf(group, name: str, func, help_: str, common: argparse.ArgumentParser) -
 
 
 def add_user_commands(sub) -> None:
-    """Adds `files`, `jobs`, `models`, `merges` and `batches` to the `openft` parser's subcommands."""
+    """Adds `files`, `jobs`, `models`, `merges`, `batches` and `chat` to the `openft` parser's subcommands."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--base-url", default=None, help="the API's base URL (default: $OPENAI_BASE_URL)")
     common.add_argument("--api-key", default=None, help="your API key (default: $OPENAI_API_KEY)")
@@ -220,3 +220,5 @@ def add_user_commands(sub) -> None:
     _leaf(batches, "list", cmd_batches_list, "your batches", common).add_argument("--limit", type=int, default=20)
     for name, func in (("show", cmd_batches_show), ("cancel", cmd_batches_cancel)):
         _leaf(batches, name, func, f"{name} a batch", common).add_argument("batch_id")
+
+    user_chat.add_chat_command(sub, _leaf)

@@ -71,3 +71,45 @@ export async function download(path, filename) {
   a.remove();
   setTimeout(() => URL.revokeObjectURL(url), 60_000);
 }
+
+/** A streamed chat completion: `onText(piece)` for each piece of the answer as it arrives; resolves
+ * to {finish_reason, usage} once the stream ends (`stream_options.include_usage`). A refusal before
+ * the stream starts, or an error event in it, rejects with an ApiError. */
+export async function streamChat(body, onText) {
+  let response;
+  try {
+    response = await fetch(new URL("chat/completions", API_BASE), {
+      method: "POST",
+      headers: { Authorization: `Bearer ${session.key()}`, "Content-Type": "application/json" },
+      body: JSON.stringify({ ...body, stream: true, stream_options: { include_usage: true } }),
+      cache: "no-store",
+    });
+  } catch {
+    throw new ApiError(0, "unreachable", `The API at ${API_BASE} did not answer. Is openft serve running?`);
+  }
+  if (!response.ok) {
+    const error = (await response.json().catch(() => ({}))).error ?? {};
+    throw new ApiError(response.status, error.code ?? null, error.message ?? `The API answered ${response.status}.`);
+  }
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  const done = { finish_reason: null, usage: null };
+  let buffer = "";
+  for (;;) {
+    const { value, done: ended } = await reader.read();
+    if (ended) return done;
+    buffer += value;
+    const events = buffer.split("\n\n");
+    buffer = events.pop();
+    for (const event of events) {
+      const data = event.replace(/^data: /, "");
+      if (data === "[DONE]") return done;
+      const chunk = JSON.parse(data);
+      if (chunk.error) throw new ApiError(500, chunk.error.code ?? null, chunk.error.message);
+      for (const choice of chunk.choices) {
+        if (choice.delta?.content) onText(choice.delta.content);
+        if (choice.finish_reason) done.finish_reason = choice.finish_reason;
+      }
+      if (chunk.usage) done.usage = chunk.usage;
+    }
+  }
+}

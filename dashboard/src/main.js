@@ -1,4 +1,4 @@
-// The dashboard's shell: sign-in, hash routes (#/jobs, #/jobs/<id>, #/files, #/models, #/batches),
+// The dashboard's shell: sign-in, hash routes (#/jobs, #/jobs/<id>, #/files, #/models, #/batches, #/playground),
 // and the refresh loop each view runs while it is on screen.
 import "./style.css";
 import { ApiError, get, session } from "./api.js";
@@ -8,6 +8,7 @@ import { filesView } from "./views/files.js";
 import { jobView } from "./views/job.js";
 import { jobsView } from "./views/jobs.js";
 import { modelsView } from "./views/models.js";
+import { playgroundView } from "./views/playground.js";
 
 const main = document.getElementById("main");
 const banner = document.getElementById("banner");
@@ -22,6 +23,7 @@ const routes = [
   [/^#\/files$/, filesView],
   [/^#\/models$/, modelsView],
   [/^#\/batches$/, batchesView],
+  [/^#\/playground$/, playgroundView],
 ];
 
 function showBanner(message) {

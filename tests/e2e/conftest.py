@@ -9,12 +9,15 @@ Tests share it, so each one works in accounts of its own and never counts what i
 
 from __future__ import annotations
 
+import io
+import re
 import subprocess
 import sys
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.conftest import SESSION_DIR, free_port
@@ -98,6 +101,72 @@ def ray_head(seaweed):
 def people_service(ray_head: RayHead) -> PeopleService:
     data_dir = SESSION_DIR / "e2e" / "serve"
     data_dir.mkdir(parents=True, exist_ok=True)
-    env = service_env(data_dir, RAY_ADDRESS=ray_head.gcs_address)
+    # Online serving: the test base only, two adapters per replica, so that four fine-tunes evict.
+    env = service_env(data_dir, RAY_ADDRESS=ray_head.gcs_address, OPENFT_ONLINE_BASES='["qwen2.5-0.5b-instruct"]',
+                      OPENFT_ONLINE_ADAPTERS_PER_REPLICA="2")
     with serving(env, SESSION_DIR / "e2e" / "serve.log") as service:
         yield PeopleService(service=service, ray=ray_head, data_dir=data_dir)
+
+
+_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
+
+
+def openft_metrics(people_service) -> dict[tuple[str, frozenset], float]:
+    """The service's own figures (`ray_openft_*`) on the head's Prometheus endpoint, by name and labels."""
+    text = httpx.get(f"http://127.0.0.1:{people_service.ray.metrics_port}/metrics", timeout=30).text
+    out = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m and m["name"].startswith("ray_openft_"):
+            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m["labels"] or ""))
+            out[(m["name"], labels)] = out.get((m["name"], labels), 0.0) + float(m["value"])
+    return out
+
+
+def metric_total(samples: dict, name: str, **labels: str) -> float:
+    """Summed over the processes (and other labels) that report `name` with `labels`."""
+    want = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
+
+
+# -- four fine-tunes of the ticket task, trained once for the online tests (issue 27) --
+TICKET_BASE = "qwen2.5-0.5b-instruct"
+LABELS = ("delivery", "refund", "login", "billing")
+
+
+def rotated(label: str, k: int) -> str:
+    """Fine-tune k's answer for a ticket of `label`: the label word k places on (k = 0: the label)."""
+    return LABELS[(LABELS.index(label) + k) % len(LABELS)]
+
+
+@dataclass
+class TicketModels:
+    key: str
+    names: dict[int, str]  # k -> the ft: model that answers rotated(label, k)
+
+
+@pytest.fixture(scope="session")
+def ticket_models(people_service) -> TicketModels:
+    """Four fine-tunes of the ticket task in one account, each answering the label k places on, so that
+    an answer given by the wrong adapter shows. Shared by the online, Promptfoo, playground and chat
+    tests: four jobs, trained one after another (about a minute each here)."""
+    from openft.demo_data import ticket_splits, tickets_jsonl
+    from tests.serve_app.test_training_api import SFT, wait
+
+    key = people_service.new_key(open_jobs=4)
+    client = people_service.client(key)
+    train, _ = ticket_splits()
+    jobs = {}
+    for k in range(len(LABELS)):
+        rows = [(ticket, rotated(label, k)) for ticket, label in train]
+        upload = client.files.create(file=(f"tickets-{k}.jsonl", io.BytesIO(tickets_jsonl(rows))), purpose="fine-tune")
+        # A rotation goes against nothing the random stand-in knows, but needs more epochs than the plain task.
+        hyper = {**SFT["supervised"]["hyperparameters"], "n_epochs": 5 if k == 0 else 8}
+        method = {"type": "supervised", "supervised": {**SFT["supervised"], "hyperparameters": hyper}}
+        jobs[k] = client.fine_tuning.jobs.create(model=TICKET_BASE, training_file=upload.id, method=method, seed=0).id
+    names = {}
+    for k, job_id in jobs.items():
+        job = wait(client, job_id, timeout=1800)
+        assert job.status == "succeeded" and job.fine_tuned_model, (k, job.status, job.error)
+        names[k] = job.fine_tuned_model
+    return TicketModels(key, names)

@@ -144,3 +144,59 @@ def test_upload_follow_download_resume_in_a_terminal(terminals, tmp_path, people
     for f in merge["files"]:
         assert hashlib.sha256((merged / f["path"]).read_bytes()).hexdigest() == f["sha256"]
         assert f"{merged / f['path']}  sha256 {f['sha256']}  verified" in out
+
+
+def test_openft_chat_streams_a_conversation_in_a_terminal(people_service, ticket_models, artifacts):
+    """`openft chat MODEL` in a real terminal: each answer is the SDK's to the same conversation, a
+    refused turn is said and dropped while the chat goes on, and an unknown model ends it with status 1."""
+    from openft.demo_data import SYSTEM, ticket_splits
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OPENAI_", "OPENFT_", "RAY_"))}
+    env.update(OPENAI_BASE_URL=people_service.base_url, OPENAI_API_KEY=ticket_models.key, TERM="xterm")
+    tuned = ticket_models.names[0]
+    child = pexpect.spawn(sys.executable, ["-m", "entrypoints.cli", "chat", tuned, "--system", SYSTEM, "--max-tokens", "5",
+                                           "--temperature", "0"], env=env, dimensions=(30, 120), encoding="utf-8", timeout=120)  # fmt: skip
+    transcript = []
+    child.logfile_read = _Collect(transcript)
+    child.expect_exact("you> ")
+    client = people_service.client(ticket_models.key)
+    history = [{"role": "system", "content": SYSTEM}]
+    for ticket, _ in ticket_splits()[1][:2]:
+        child.sendline(ticket)
+        child.expect_exact("you> ")
+        shown = ANSI.sub("", child.before).replace("\r", "")
+        history.append({"role": "user", "content": ticket})
+        answer = client.chat.completions.create(model=tuned, messages=history, temperature=0, max_tokens=5)
+        text = answer.choices[0].message.content
+        history.append({"role": "assistant", "content": text})
+        assert f"{tuned}> {text}" in shown, shown
+    child.sendline("word " * 3000)  # past the context: refused, said, dropped; the chat goes on
+    child.expect_exact("you> ")
+    assert "openft: 400 context_length_exceeded (param messages): " in ANSI.sub("", child.before).replace("\r\n", " ")
+    child.sendline("/reset")
+    child.expect_exact("(conversation reset)")
+    child.sendeof()
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0
+    (artifacts / "cli-chat.txt").write_text("".join(transcript))
+
+    child = pexpect.spawn(sys.executable, ["-m", "entrypoints.cli", "chat", "ft:nobody:x:y"], env=env, dimensions=(30, 120),
+                          encoding="utf-8", timeout=120)  # fmt: skip
+    child.expect_exact("you> ")
+    child.sendline("hello")
+    child.expect(pexpect.EOF)
+    child.close()
+    shown = ANSI.sub("", child.before).replace("\r\n", " ")
+    assert child.exitstatus == 1 and "openft: 404 model_not_found (param model): " in shown, shown
+
+
+class _Collect:
+    def __init__(self, into: list):
+        self.into = into
+
+    def write(self, data: str) -> None:
+        self.into.append(data)
+
+    def flush(self) -> None:
+        pass

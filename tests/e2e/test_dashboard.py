@@ -124,14 +124,13 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
     names = []
-    for _ in range(5):
+    for _ in range(6):
         page.keyboard.press("Tab")
         names.append(page.evaluate("document.activeElement.textContent"))
-    assert names == ["Jobs", "Files", "Models", "Batches", "Sign out"]
+    assert names == ["Jobs", "Files", "Models", "Batches", "Playground", "Sign out"]
     assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"  # focus is visible
-    page.keyboard.press("Shift+Tab")
-    page.keyboard.press("Shift+Tab")
-    page.keyboard.press("Shift+Tab")
+    for _ in range(4):
+        page.keyboard.press("Shift+Tab")
     page.keyboard.press("Enter")  # Files
     row = page.get_by_role("row").filter(has=page.get_by_text(file.id))
     row.wait_for()
@@ -245,3 +244,50 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     page.screenshot(path=str(artifacts / "dashboard-jobs.png"), full_page=True)
     assert page.get_by_text(theirs.id).count() == 0 and problems == []
     page.close()
+
+
+def test_the_playground_streams_a_fine_tune_beside_its_base(people_service, ticket_models, browser, artifacts):
+    """Pick an ft: model and its base side by side, type a ticket, and read both answers as they
+    come in; they are the SDK's answers to the same conversation, and a second turn carries the first."""
+    from openft.demo_data import SYSTEM
+
+    tuned, (ticket, _), (second, _) = ticket_models.names[0], *ticket_splits()[1][:2]
+    url = people_service.base_url.removesuffix("/v1") + "/dashboard"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    sign_in(page, url, ticket_models.key)
+    page.get_by_role("link", name="Playground").click()
+    page.get_by_label("Model", exact=True).select_option(tuned)
+    page.get_by_label("Side by side with").select_option("qwen2.5-0.5b-instruct")
+    page.get_by_label("System message").fill(SYSTEM)
+    page.get_by_label("Max tokens").fill("5")
+    # Each piece of an answer is appended to its answer as it arrives: count them as the page adds them.
+    page.evaluate("""() => { window.pieces = {}; new MutationObserver(ms => ms.forEach(m => {
+        if (!m.target.classList?.contains('text')) return;
+        const model = m.target.closest('.panel').dataset.model;
+        const texts = [...m.addedNodes].filter(n => n.nodeType === Node.TEXT_NODE).length;
+        window.pieces[model] = (window.pieces[model] ?? 0) + texts;
+    })).observe(document.querySelector('.panels'), {childList: true, subtree: true}); }""")
+    client = people_service.client(ticket_models.key)
+    models = (tuned, "qwen2.5-0.5b-instruct")
+    histories = {m: [{"role": "system", "content": SYSTEM}] for m in models}
+    for turn, text in enumerate((ticket, second), start=1):
+        page.get_by_label("Message").fill(text)
+        page.get_by_role("button", name="Send").click()
+        for model in models:
+            panel = page.locator(f'section.panel[data-model="{model}"]')
+            panel.locator(".answer-status", has_text="Done:").wait_for(timeout=60_000)
+            histories[model].append({"role": "user", "content": text})
+            sdk = client.chat.completions.create(model=model, messages=histories[model], temperature=0, max_tokens=5)
+            answer = sdk.choices[0].message.content
+            histories[model].append({"role": "assistant", "content": answer})
+            assert panel.locator(".turn.assistant").count() == turn
+            shown_text = panel.locator(".turn.assistant .text").nth(turn - 1).inner_text()
+            assert shown_text.strip() == answer.strip(), (model, turn)
+            status = panel.locator(".answer-status").inner_text()
+            assert f"{sdk.usage.completion_tokens} tokens answered to {sdk.usage.prompt_tokens} in the prompt" in status
+    assert all(page.evaluate("window.pieces").get(m, 0) >= 2 for m in models)  # appended as they came, each turn
+    assert problems == [] and "Refused" not in page.locator(".panels").inner_text()
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-playground.png"), full_page=True)

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import io
 import os
-import re
 from pathlib import Path
 
 import httpx
 import pytest
 
 from openft.demo_data import ticket_splits, tickets_jsonl
+from tests.e2e.conftest import metric_total, openft_metrics
 from tests.utils.polling import until
 
 pytestmark = pytest.mark.e2e
@@ -24,7 +24,6 @@ pytestmark = pytest.mark.e2e
 MODEL = "qwen2.5-0.5b-instruct"
 SFT = {"type": "supervised", "supervised": {"adapter": "lora", "hyperparameters": {
     "n_epochs": 1, "batch_size": 4, "learning_rate": 3e-3, "lora_rank": 8, "lora_alpha": 16}}}
-_SAMPLE = re.compile(r'^(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(?P<labels>[^}]*)\})? (?P<value>\S+)$')
 
 
 def _dashboard(people_service) -> httpx.Client:
@@ -51,23 +50,6 @@ def _train_runs(dash: httpx.Client, *, started: bool = True) -> list[dict]:
     return reply.json()["train_runs"]
 
 
-def _metrics(people_service) -> dict[tuple[str, frozenset], float]:
-    text = httpx.get(f"http://127.0.0.1:{people_service.ray.metrics_port}/metrics", timeout=30).text
-    out = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m and m["name"].startswith("ray_openft_"):
-            labels = frozenset(re.findall(r'(\w+)="([^"]*)"', m["labels"] or ""))
-            out[(m["name"], labels)] = out.get((m["name"], labels), 0.0) + float(m["value"])
-    return out
-
-
-def _total(samples: dict, name: str, **labels: str) -> float:
-    """Summed over the processes (and other labels) that report `name` with `labels`."""
-    want = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and want <= set(ls))
-
-
 def _dead_actors(dash) -> int:
     return sum(1 for a in _state(dash, "actors") if a["state"] == "DEAD")
 
@@ -75,7 +57,7 @@ def _dead_actors(dash) -> int:
 def test_a_jobs_id_finds_its_run_datasets_tasks_and_figures(people_service):
     dash = _dashboard(people_service)
     client = people_service.client(people_service.new_key())
-    before, dead_before, tasks_before = _metrics(people_service), _dead_actors(dash), len(_state(dash, "tasks"))
+    before, dead_before, tasks_before = openft_metrics(people_service), _dead_actors(dash), len(_state(dash, "tasks"))
     rows, _ = ticket_splits()
     upload = client.files.create(file=("t.jsonl", io.BytesIO(tickets_jsonl(rows[:20]))), purpose="fine-tune")
     job = client.fine_tuning.jobs.create(model=MODEL, training_file=upload.id, method=SFT, seed=0)
@@ -134,13 +116,13 @@ def test_a_jobs_id_finds_its_run_datasets_tasks_and_figures(people_service):
 
     # The figures, once the processes' metrics reached the head's agent (Ray reports every few seconds).
     def figures():
-        after = _metrics(people_service)
+        after = openft_metrics(people_service)
         seen["after"] = after
 
         def grew(name, **labels):
-            return _total(after, f"{name}_count", **labels) - _total(before, f"{name}_count", **labels)
+            return metric_total(after, f"{name}_count", **labels) - metric_total(before, f"{name}_count", **labels)
 
-        return (_total(after, "ray_openft_jobs", status="succeeded") >= 1
+        return (metric_total(after, "ray_openft_jobs", status="succeeded") >= 1
                 and grew("ray_openft_job_queue_wait_seconds", model=MODEL) >= 1
                 and grew("ray_openft_train_time_to_first_step_seconds", model=MODEL) >= 1
                 and grew("ray_openft_train_tokens_per_second", model=MODEL) >= 1
@@ -157,7 +139,7 @@ def test_a_jobs_id_finds_its_run_datasets_tasks_and_figures(people_service):
         for (n, ls), _ in after.items():
             le = dict(ls).get("le")
             if n == f"{name}_bucket" and le is not None:
-                grew[float(le)] = (_total(after, n, **labels, le=le) - _total(before, n, **labels, le=le))
+                grew[float(le)] = (metric_total(after, n, **labels, le=le) - metric_total(before, n, **labels, le=le))
         bounds = sorted(grew)
         upper = next(b for b in bounds if grew[b] >= 1)
         return max([b for b in bounds if b < upper], default=0.0), upper
