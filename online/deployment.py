@@ -43,9 +43,16 @@ _STATS_EVERY_S = 2.0
 @serve.deployment
 class BaseServer:
     def __init__(self, settings: Settings, base_id: str):
+        import ray
+        import torch
+
         from online.engine import OnlineEngine  # torch: in the replica, not in the process that deploys
         from pipelines.generate import load_engine
         from storage.objects import open_object_store
+
+        # As many torch threads as the replica's CPUs (one when it takes none): not every core of a
+        # node other work shares.
+        torch.set_num_threads(max(1, int(ray.get_runtime_context().get_assigned_resources().get("CPU", 0))))
 
         self.base_id = base_id
         self.store = open_object_store(settings.resolved_storage_url(), s3_endpoint_url=settings.s3_endpoint_url,

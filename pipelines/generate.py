@@ -145,6 +145,7 @@ class _Row:
     generator: torch.Generator | None
     tokens: list[int] = field(default_factory=list)
     length: int = 0  # tokens in the cache that belong to this row (prompt + generated so far)
+    next_id: int | None = None  # the token chosen for the row and not yet taken into `tokens`
 
 
 class TransformersEngine:
@@ -303,14 +304,18 @@ class DecodeLoop:
     """The rows decoding together on one KV cache. Each `advance` is one step of the loop: free
     slots are filled from `queue` (its `pop()` gives the next request; batches pop a sorted list,
     online serving a FIFO that callers fill between steps), every row takes the token chosen for
-    it, finished rows leave (`on_result`), and the rest decode one more token. `on_token(row)` sees
-    each unfinished row after it took a token (online streaming reads `row.tokens`)."""
+    it, once, finished rows leave (`on_result`), and the rest decode one more token. `on_token(row)`
+    sees each unfinished row after it took a token (online streaming reads `row.tokens`).
+
+    A step that freed slots while requests wait ends before decoding: the next one fills the slots
+    first, and its rows that took their token already feed that token, unchanged, to the decode.
+    (Before issue 27 they took it a second time on the refill step, so on a batch of more requests
+    than slots a row could write its last token twice: "deliveryivery".)"""
 
     def __init__(self, engine: TransformersEngine, queue, *, on_result: Callable[[GenResult], None],
                  on_token: Callable[[_Row], None] | None = None):
         self.engine, self.queue, self.on_result, self.on_token = engine, queue, on_result, on_token
         self.rows: list[_Row] = []
-        self.next_ids: list[int] = []
         self.cache = self.mask = None
         self.solo = False  # a cache that cannot be spliced: one row at a time
 
@@ -326,28 +331,30 @@ class DecodeLoop:
             row_cache, logits = e._prefill(request)
             self.solo = self.solo or not _spliceable(row_cache)
             self.cache, self.mask = _splice(self.cache, self.mask, row_cache, row.length, e.device)
+            row.next_id = e._choose(row, logits)
             self.rows.append(row)
-            self.next_ids.append(e._choose(row, logits))
-        # Rows that are done after their last chosen token leave before the next step.
+        # Rows that are done after their chosen token leave before the next step.
         keep = []
         for i, row in enumerate(self.rows):
-            row.tokens.append(self.next_ids[i])
-            result = e._finished(row)
-            if result is None:
-                keep.append(i)
+            if row.next_id is not None:
+                row.tokens.append(row.next_id)
+                row.next_id = None
+                result = e._finished(row)
+                if result is not None:
+                    self.on_result(result)
+                    continue
                 if self.on_token is not None:
                     self.on_token(row)
-            else:
-                self.on_result(result)
+            keep.append(i)
         if len(keep) < len(self.rows):
             self._keep(keep)
             if self.queue or not self.rows:
                 return  # refill the freed slots before the next step
         self.mask = torch.cat([self.mask, torch.ones((len(self.rows), 1), dtype=self.mask.dtype, device=e.device)], dim=1)
-        logits = e._step(self.cache, self.mask, self.rows, self.next_ids)
-        for row in self.rows:
+        logits = e._step(self.cache, self.mask, self.rows, [row.tokens[-1] for row in self.rows])
+        for i, row in enumerate(self.rows):
             row.length += 1
-        self.next_ids = [e._choose(row, logits[i]) for i, row in enumerate(self.rows)]
+            row.next_id = e._choose(row, logits[i])
 
     def drop(self, keys: set[int]) -> None:
         """Take the rows of `keys` out of the batch (their clients left); they return no result."""
@@ -357,10 +364,9 @@ class DecodeLoop:
 
     def _keep(self, keep: list[int]) -> None:
         if not keep:
-            self.rows, self.next_ids, self.cache, self.mask, self.solo = [], [], None, None, False
+            self.rows, self.cache, self.mask, self.solo = [], None, None, False
             return
         self.rows = [self.rows[i] for i in keep]
-        self.next_ids = [self.next_ids[i] for i in keep]
         self.cache, self.mask = _select(self.cache, self.mask, keep)
 
 

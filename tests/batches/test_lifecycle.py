@@ -202,6 +202,24 @@ def test_runs_and_batches_share_the_cluster(world):
     assert [c.batch_id for c in claims] == [second]
 
 
+def test_online_servings_most_is_kept_out_of_what_runs_and_batches_count_on(world):
+    """Online replicas scale up under load after a run has started: their most (online_max_replicas
+    per served base) is counted as held from the start, so a run never waits behind them (issue 27)."""
+    settings = world.settings.model_copy(update={"online_bases": [JOB_MODEL], "online_replica_resources": {"CPU": 1},
+                                                 "online_max_replicas": 2})  # fmt: skip
+    assert job_scheduling.online_need(settings) == {"CPU": 2.0}
+    assert job_scheduling.online_need(world.settings.model_copy(update={"online_replica_resources": {"CPU": 0}})) == {}
+    with world.db.session() as session:
+        assert job_scheduling.held(session, settings) == {"CPU": 2.0}
+        held = job_scheduling.held(session, settings)
+    reserve, need = {"CPU": settings.train_data_cpus}, job_scheduling.run_need(settings)
+    assert job_scheduling.free_for({"CPU": 4.0}, reserve, held, need) == 1
+    assert job_scheduling.free_for({"CPU": 3.0}, reserve, held, need) == 0
+    problem = job_scheduling.placement_problem(settings, [{"CPU": 3.0}])
+    assert "online serving's {'CPU': 2.0}" in problem and "OPENFT_ONLINE_MAX_REPLICAS" in problem
+    assert job_scheduling.placement_problem(settings, [{"CPU": 4.0}]) is None
+
+
 def test_a_staged_copy_outlives_the_model_deleted_mid_batch(world):
     account = world.account()
     kept, gone = db_ft_model(world.db, world.store, account.id), db_ft_model(world.db, world.store, account.id)

@@ -127,6 +127,17 @@ def test_greedy_equals_plain_generate_row_by_row(engine, reference_models, token
         assert result.finish_reason == "length" and result.text == tokenizer.decode(expected, skip_special_tokens=True)
 
 
+def test_rows_that_wait_for_a_slot_answer_as_they_do_alone(engine, tokenizer, base):
+    """More rows than slots, ending at different steps, so that waiting rows take freed slots: every
+    row answers as it does alone. (A refill step used to make the rows already decoding take their
+    last chosen token a second time; the base's answer, one token repeated, hid it.)"""
+    requests = [greedy(i, ["ft-a", "ft-b"][i % 2], prompt(tokenizer, base, TICKETS[i % 6]), max_tokens=3 + i)
+                for i in range(7)]  # fmt: skip
+    alone = [engine.generate([r])[0] for r in requests]
+    assert engine.generate(requests) == alone
+    assert [r.completion_tokens for r in alone] == [3 + i for i in range(7)]
+
+
 def test_each_row_gets_its_own_adapter(engine, reference_models, tokenizer, base):
     ids = prompt(tokenizer, base, TICKETS[0])
     results = engine.generate([greedy(k, name, ids, max_tokens=8) for k, name in enumerate(["ft-b", None, "ft-a"])])
