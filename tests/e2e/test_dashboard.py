@@ -273,7 +273,7 @@ def test_the_playground_streams_a_fine_tune_beside_its_base(people_service, tick
     models = (tuned, "qwen2.5-0.5b-instruct")
     histories = {m: [{"role": "system", "content": SYSTEM}] for m in models}
     for turn, text in enumerate((ticket, second), start=1):
-        page.get_by_label("Message").fill(text)
+        page.get_by_label("Message", exact=True).fill(text)
         page.get_by_role("button", name="Send").click()
         for model in models:
             panel = page.locator(f'section.panel[data-model="{model}"]')

@@ -8,8 +8,10 @@ head's Prometheus endpoint (`ray_openft_online_adapter_events`)."""
 
 from __future__ import annotations
 
+import os
 import random
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -106,6 +108,13 @@ def test_sixteen_clients_over_four_fine_tunes_each_get_their_own_adapters_answer
         return grew if grew["load"] >= 4 and grew["eviction"] >= 2 else None
 
     until(counted, "adapter loads and evictions on the head's Prometheus endpoint", 90, interval=2)
+    # The Ray dashboard's Serve view lists the base's deployment in the service's application.
+    token = Path(os.environ["RAY_AUTH_TOKEN_PATH"]).read_text().strip()
+    serve_view = httpx.get(f"{people_service.ray.dashboard_url}/api/serve/applications/", timeout=60,
+                           headers={"Authorization": f"Bearer {token}"}).json()  # fmt: skip
+    deployments = {name: d for app in serve_view["applications"].values() for name, d in app["deployments"].items()}
+    assert deployments[f"online-{TICKET_BASE}"]["status"] == "HEALTHY"
+    assert any(r["state"] == "RUNNING" for r in deployments[f"online-{TICKET_BASE}"]["replicas"])
     samples = openft_metrics(people_service)
     assert metric_total(samples, "ray_openft_online_time_to_first_token_seconds_count", model=TICKET_BASE) >= 160
     assert metric_total(samples, "ray_openft_online_tokens_per_second_count", model=TICKET_BASE) >= 160

@@ -8,27 +8,14 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
 from catalog.bases import get_base
 from online.engine import OnlineEngine
 from online.protocol import OnlineRequest
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from tests.factories import random_adapter
+from tests.pipelines.test_generate import BASE_ID, TICKETS, one_thread  # noqa: F401 (a fixture)
 from tests.utils.greedy import same_or_tie
-
-BASE_ID = "qwen2.5-0.5b-instruct"
-TICKETS = ["My parcel never arrived.", "I was charged twice for one order.", "I cannot log in since Monday.",
-           "Please cancel my subscription now", "The box came damaged and wet.", "Where is my refund?"]  # fmt: skip
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
-
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):

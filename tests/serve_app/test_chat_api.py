@@ -27,12 +27,12 @@ from storage import billing
 from storage.db import Database
 from storage.models import Account, FineTunedModel, LedgerEntry, OnlineUsage
 from tests.factories import db_ft_model, random_adapter
+from tests.pipelines.test_generate import BASE_ID as BASE
+from tests.pipelines.test_generate import TICKETS
 from tests.utils.greedy import same_or_tie
+from tests.utils.polling import until
 
-BASE = "qwen2.5-0.5b-instruct"
 SYSTEM = "Label the ticket."
-TICKETS = ["My parcel never arrived.", "I was charged twice for one order.", "I cannot log in since Monday.",
-           "Please cancel my subscription now", "The box came damaged and wet.", "Where is my refund?"]  # fmt: skip
 
 
 def messages(ticket: str) -> list[dict]:
@@ -247,6 +247,9 @@ def test_the_generation_bucket_and_the_generations_at_once(api, db):
     # Eight generating at once (the account's cap, across replicas); a ninth waits for one of them.
     client, account_id, key = new_account(api, db)
     streams = [ask(client, BASE, TICKETS[i % 6], 1500, stream=True) for i in range(8)]
+    for stream in streams:  # the role, then a first piece of text: each has been sent something
+        chunks = iter(stream)
+        next(chunks), next(chunks)
     try:
         response = post(api, key, {"model": BASE, "messages": messages(TICKETS[0]), "max_tokens": 2})
         assert response.status_code == 429, response.text
@@ -262,6 +265,13 @@ def test_the_generation_bucket_and_the_generations_at_once(api, db):
         assert time.monotonic() < deadline, "the slots of streams that were closed were not freed"
         time.sleep(0.5)
     assert answer.status_code == 200, answer.text
+
+    def charged_all() -> bool:  # the streams whose clients left are charged what they had been sent
+        with db.session() as session:
+            usage = session.get(OnlineUsage, (account_id, BASE))
+            return usage is not None and usage.requests == 9 and usage.completion_tokens >= 8 + 2
+
+    until(charged_all, "the charge of the eight streams left and the last answer", 30)
 
 
 def test_online_tokens_are_charged_in_whole_cents(api, db):
