@@ -166,7 +166,7 @@ def main() -> None:
     from entrypoints.ray_runtime import prepare_ray_environment, start_ray
 
     torch.set_num_threads(1)
-    data_dir = Path(tempfile.mkdtemp(prefix="openft-bench-online-"))
+    data_dir = Path(tempfile.mkdtemp(prefix="oft-bo-"))  # short: Ray's socket paths live under it
     ray_settings = Settings(data_dir=data_dir / "ray-home")
     prepare_ray_environment(ray_settings)
     start_ray(ray_settings, dashboard=False)
