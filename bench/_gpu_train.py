@@ -221,10 +221,6 @@ def _mfu(flops: float, seconds: float, ctx: Ctx) -> dict:
 def stage_sft(ctx: Ctx) -> dict:
     import torch
 
-    from bench.train_throughput import run_trl
-    from catalog.bases import get_base
-    from catalog.model_source import load_model, load_tokenizer, parse_model_source
-
     size, cfg = ctx.size, ctx.figures("base")["config"]
     n = size["sft_steps"] * size["batch_size"]
     center = calibrate(ctx, size["median_tokens"], 1.5)
@@ -236,24 +232,50 @@ def stage_sft(ctx: Ctx) -> dict:
     ours = run_ours(ctx, "sft", tokenized, batch_size=size["batch_size"], max_seq=size["max_seq_length"])
     ours.update(_mfu(train_flops(lengths, cfg), ours["loop_s"], ctx))
 
-    base, source = get_base(BASE_ID), parse_model_source(ctx.model_source)
     cuda = torch.cuda.is_available()
-    model = load_model(base, source, ctx.cache_root, dtype=torch.bfloat16 if cuda else torch.float32)
+    parts = {"bf16_autocast": {"status": "ok"} if cuda else skipped("no CUDA: the recipe trains fp32 on CPU")}
+    figures = {"rows": _length_figures(lengths), "answer_log2_words": round(center, 3), "batch_size": size["batch_size"],
+               "lora_rank": RANK, "ours": ours, "flops_formula": FLOPS_FORMULA, "dtype": "bfloat16" if cuda else "float32"}  # fmt: skip
+    # TRL's side is a part: when it cannot run here (its packages, Liger's kernels), ours still counts.
+    if (why := ctx.ready("trl")) is not None:
+        parts["trl_tuned"] = skipped(why)
+        return {"figures": figures, "parts": parts}
+    trl, errors = None, []
+    for liger in (True, False) if cuda else (False,):  # on a failure with Liger, the rest of TRL's advice without it
+        try:
+            trl = _trl_tuned(ctx, rows, cfg, liger=liger)
+            break
+        except Exception as exc:
+            errors.append(f"{'with' if liger else 'without'} Liger: {type(exc).__name__}: {exc}"[:600])
+    if trl is None:
+        parts["trl_tuned"] = {"status": "failed", "error": "; ".join(errors)}
+        return {"figures": figures, "parts": parts}
+    if errors:
+        parts["liger"] = {"status": "failed", "error": errors[0]}
+    parts.setdefault("liger", {"status": "ok"} if trl["settings"]["use_liger_kernel"] else skipped(
+        "no CUDA" if not cuda else ctx.ready("liger") or "liger-kernel is not installed"))  # fmt: skip
+    parts["trl_tuned"] = {"status": "ok"}
+    figures["trl_tuned"] = trl
+    figures["ratio_vs_trl_tuned"] = round(ours["tokens_per_second"] / trl["tokens_per_second"], 3)
+    return {"figures": figures, "parts": parts}
+
+
+def _trl_tuned(ctx: Ctx, rows: list[dict], cfg: dict, *, liger: bool) -> dict:
+    import torch
+
+    from bench.train_throughput import run_trl
+    from catalog.bases import get_base
+    from catalog.model_source import load_model, load_tokenizer, parse_model_source
+
+    size = ctx.size
+    base, source = get_base(BASE_ID), parse_model_source(ctx.model_source)
+    model = load_model(base, source, ctx.cache_root, dtype=torch.bfloat16 if torch.cuda.is_available() else torch.float32)
     reset_peak()
-    trl_s, trl_lengths, settings = run_trl(rows, model, load_tokenizer(base, source, ctx.cache_root), size["batch_size"],
-                                           size["sft_steps"], str(ctx.work / "trl"), tuned=True,
-                                           max_length=size["max_seq_length"], base_id=BASE_ID)  # fmt: skip
-    trl = {"seconds": round(trl_s, 2), "tokens_per_second": round(sum(trl_lengths) / trl_s, 1), "peak_gib": part_peak_gib(),
-           "settings": settings, **_length_figures(trl_lengths), **_mfu(train_flops(trl_lengths, cfg), trl_s, ctx)}  # fmt: skip
-    parts = {"bf16_autocast": {"status": "ok"} if cuda else skipped("no CUDA: the recipe trains fp32 on CPU"),
-             "liger": {"status": "ok"} if settings.get("use_liger_kernel") else skipped(
-                 "no CUDA" if not cuda else ctx.ready("liger") or "liger-kernel is not installed")}  # fmt: skip
-    return {"figures": {
-        "rows": _length_figures(lengths), "answer_log2_words": round(center, 3), "batch_size": size["batch_size"],
-        "lora_rank": RANK, "ours": ours, "trl_tuned": trl,
-        "ratio_vs_trl_tuned": round(ours["tokens_per_second"] / trl["tokens_per_second"], 3),
-        "flops_formula": FLOPS_FORMULA, "dtype": "bfloat16" if cuda else "float32",
-    }, "parts": parts}  # fmt: skip
+    seconds, lengths, settings = run_trl(rows, model, load_tokenizer(base, source, ctx.cache_root), size["batch_size"],
+                                         size["sft_steps"], str(ctx.work / "trl"), tuned=True,
+                                         max_length=size["max_seq_length"], base_id=BASE_ID, liger=liger)  # fmt: skip
+    return {"seconds": round(seconds, 2), "tokens_per_second": round(sum(lengths) / seconds, 1), "peak_gib": part_peak_gib(),
+            "settings": settings, **_length_figures(lengths), **_mfu(train_flops(lengths, cfg), seconds, ctx)}  # fmt: skip
 
 
 def stage_long_context(ctx: Ctx) -> dict:

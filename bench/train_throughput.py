@@ -135,7 +135,7 @@ def main() -> None:
     print(json.dumps(figures))
 
 
-def trl_sft_config(output_dir: str, batch_size: int, steps: int, *, tuned: bool, max_length: int = 1024):
+def trl_sft_config(output_dir: str, batch_size: int, steps: int, *, tuned: bool, max_length: int = 1024, liger: bool = True):
     """TRL's `SFTConfig` for the baseline: its defaults, or tuned for speed as TRL's docs advise
     (see the module docstring). Returns (config, the tuned settings actually applied)."""
     import torch
@@ -151,7 +151,7 @@ def trl_sft_config(output_dir: str, batch_size: int, steps: int, *, tuned: bool,
     # TRL refuses `max_length` with padding_free unless it packs; the rows here are shorter than
     # max_length already (ours drops longer ones), so nothing is left to truncate.
     settings = {"gradient_checkpointing": False, "padding_free": True, "max_length": None, "bf16": cuda,
-                "use_liger_kernel": cuda and _liger_installed()}  # fmt: skip
+                "use_liger_kernel": liger and cuda and _liger_installed()}  # fmt: skip
     return SFTConfig(**{**common, **settings}), settings
 
 
@@ -162,14 +162,14 @@ def _liger_installed() -> bool:
 
 
 def run_trl(rows: list[dict], model, tokenizer, batch_size: int, steps: int, output_dir: str, *, tuned: bool,
-            max_length: int = 1024, base_id: str = BASE_ID) -> tuple[float, list[int], dict]:  # fmt: skip
+            max_length: int = 1024, base_id: str = BASE_ID, liger: bool = True) -> tuple[float, list[int], dict]:  # fmt: skip
     """TRL's `SFTTrainer` for `steps` steps of one epoch over `rows` (steps x batch_size of them)
     with a fresh rank-16 adapter on `model`: (seconds of `trainer.train()`, the real tokens of the
     rows' lengths in tokens as TRL tokenized them, the tuned settings applied)."""
     from datasets import Dataset
     from trl import SFTTrainer
 
-    config, settings = trl_sft_config(output_dir, batch_size, steps, tuned=tuned, max_length=max_length)
+    config, settings = trl_sft_config(output_dir, batch_size, steps, tuned=tuned, max_length=max_length, liger=liger)
     trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows), processing_class=tokenizer,
                          peft_config=peft_config(base_id))  # fmt: skip
     lengths = [len(ids) for ids in trainer.train_dataset["input_ids"]]  # one epoch: every row once
