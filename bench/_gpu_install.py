@@ -63,9 +63,14 @@ TARBALL, WHEELS = "site.tar.xz", "wheels"
 
 
 def _pinned(name: str) -> str:
+    """`name` at the version installed here (this venv's, resolved from pyproject.toml); the bare
+    name where it is not installed (a plain install on the GPU machine without the carried site)."""
     if "==" in name:
         return name
-    return f"{name}=={importlib.metadata.version(name)}"
+    try:
+        return f"{name}=={importlib.metadata.version(name)}"
+    except importlib.metadata.PackageNotFoundError:
+        return name
 
 
 def carry_specs() -> list[str]:
@@ -157,7 +162,7 @@ def _registry_answers() -> bool:
     """Whether pip's configured index answers (one small pinned download, no retries)."""
     with _scratch("probe") as tmp:
         try:
-            _pip("download", "--no-deps", "--retries", "0", "--timeout", "5", "-d", str(tmp), _pinned("jmespath"), timeout=20)
+            _pip("download", "--no-deps", "--retries", "0", "--timeout", "5", "-d", str(tmp), "jmespath", timeout=20)
             return True
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired):
             return False
