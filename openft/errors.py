@@ -76,15 +76,15 @@ class PayloadTooLarge(ServiceError):
 
 
 class RangeNotSatisfiable(ServiceError):
-    """416 for a download's Range that starts at or past the file's end, with its size in Content-Range."""
+    """416 for a download's Range of which no byte is in the file, saying why, with the file's size in
+    Content-Range."""
 
     status = 416
     type = "invalid_request_error"
     retryable = False
 
-    def __init__(self, size: int):
-        super().__init__(f"The requested range starts past the file's end ({size} bytes).",
-                         code="range_not_satisfiable", param="range")
+    def __init__(self, size: int, message: str):
+        super().__init__(message, code="range_not_satisfiable", param="range")
         self.headers = {"content-range": f"bytes */{size}"}
 
 

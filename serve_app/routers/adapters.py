@@ -1,6 +1,7 @@
 """HTTP routes under `/v1/gridline`: adapter downloads, merged weights (`/adapters/{model}/merged`),
 and the download URLs of the local storage backend (`/blobs/{token}`, no bearer key: the opaque token
-is the credential; see serve_app/services/merges.py)."""
+is the credential; see serve_app/services/merges.py). The downloads answer HEAD as they answer GET,
+without the body."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse
 
 from serve_app.auth import current_account
+from serve_app import downloads
 from serve_app.downloads import ByteRange, digest_stream
 from serve_app.schemas.merges import MergedWeights, MergedWeightsDeleted
 from serve_app.services import merges
@@ -17,11 +19,11 @@ from storage.models import Account
 router = APIRouter(prefix="/gridline", tags=["adapters"])
 
 
-@router.get("/adapters/{model}/files/{name}")
+@router.api_route("/adapters/{model}/files/{name}", methods=downloads.METHODS)
 def download_adapter_file(model: str, name: str, request: Request, account: Account = Depends(current_account)):
     ranged = ByteRange.parse(request.headers.get("range"))
     sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name, ranged)
-    return digest_stream(chunks, sha256=sha256, size=size, name=name, ranged=ranged)
+    return digest_stream(chunks, sha256=sha256, size=size, name=name, ranged=ranged, head=request.method == "HEAD")
 
 
 @router.post("/adapters/{model}/merged", response_model=MergedWeights)
@@ -48,7 +50,7 @@ def _blob_url(request: Request, token: str) -> str:
     return f"{base}{path}" if base else f"{request.scope.get('root_path', '').rstrip('/')}{path}"
 
 
-@router.get("/adapters/{model}/merged/files/{path:path}")
+@router.api_route("/adapters/{model}/merged/files/{path:path}", methods=downloads.METHODS)
 def download_merged_file(model: str, path: str, request: Request, account: Account = Depends(current_account)):
     url, sha256 = merges.merged_file_url(
         request.app.state.openft, account, model, path, lambda token: _blob_url(request, token)
@@ -56,8 +58,9 @@ def download_merged_file(model: str, path: str, request: Request, account: Accou
     return RedirectResponse(url, status_code=302, headers={"x-gridline-sha256": sha256})
 
 
-@router.get("/blobs/{token}", name="download_blob")
+@router.api_route("/blobs/{token}", methods=downloads.METHODS, name="download_blob")
 def download_blob(token: str, request: Request):
     ranged = ByteRange.parse(request.headers.get("range"))
     blob, chunks = merges.open_blob(request.app.state.openft, token, ranged)
-    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True, ranged=ranged)
+    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True, ranged=ranged,
+                         head=request.method == "HEAD")
