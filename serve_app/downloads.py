@@ -20,7 +20,6 @@ from storage.objects import ObjectStore
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 SPAN_CHUNK = 1 << 20
-METHODS = ["GET", "HEAD"]  # of every download route
 MAX_DIGITS = 18  # a position of more digits is past any file's end
 BEYOND = 10**MAX_DIGITS
 # A single range is `bytes=` and two positions; a longer header is none this server serves.

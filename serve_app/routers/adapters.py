@@ -9,7 +9,6 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.responses import RedirectResponse
 
 from serve_app.auth import current_account
-from serve_app import downloads
 from serve_app.downloads import ByteRange, digest_stream
 from serve_app.schemas.merges import MergedWeights, MergedWeightsDeleted
 from serve_app.services import merges
@@ -19,7 +18,8 @@ from storage.models import Account
 router = APIRouter(prefix="/gridline", tags=["adapters"])
 
 
-@router.api_route("/adapters/{model}/files/{name}", methods=downloads.METHODS)
+@router.get("/adapters/{model}/files/{name}")
+@router.head("/adapters/{model}/files/{name}", include_in_schema=False)
 def download_adapter_file(model: str, name: str, request: Request, account: Account = Depends(current_account)):
     ranged = ByteRange.parse(request.headers.get("range"))
     sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name, ranged)
@@ -50,7 +50,8 @@ def _blob_url(request: Request, token: str) -> str:
     return f"{base}{path}" if base else f"{request.scope.get('root_path', '').rstrip('/')}{path}"
 
 
-@router.api_route("/adapters/{model}/merged/files/{path:path}", methods=downloads.METHODS)
+@router.get("/adapters/{model}/merged/files/{path:path}")
+@router.head("/adapters/{model}/merged/files/{path:path}", include_in_schema=False)
 def download_merged_file(model: str, path: str, request: Request, account: Account = Depends(current_account)):
     url, sha256 = merges.merged_file_url(
         request.app.state.openft, account, model, path, lambda token: _blob_url(request, token)
@@ -58,7 +59,8 @@ def download_merged_file(model: str, path: str, request: Request, account: Accou
     return RedirectResponse(url, status_code=302, headers={"x-gridline-sha256": sha256})
 
 
-@router.api_route("/blobs/{token}", methods=downloads.METHODS, name="download_blob")
+@router.get("/blobs/{token}", name="download_blob")
+@router.head("/blobs/{token}", include_in_schema=False)
 def download_blob(token: str, request: Request):
     ranged = ByteRange.parse(request.headers.get("range"))
     blob, chunks = merges.open_blob(request.app.state.openft, token, ranged)

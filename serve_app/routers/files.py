@@ -6,7 +6,6 @@ from fastapi import APIRouter, Depends, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from serve_app.auth import current_account, upload_slot
-from serve_app import downloads
 from serve_app.downloads import digest_stream
 from serve_app.request_body import json_object
 from serve_app.schemas.common import Page
@@ -50,7 +49,8 @@ def retrieve_file(file_id: str, request: Request, account: Account = Depends(cur
     return service.retrieve_file(request.app.state.openft, account, file_id)
 
 
-@router.api_route("/{file_id}/content", methods=downloads.METHODS)
+@router.get("/{file_id}/content")
+@router.head("/{file_id}/content", include_in_schema=False)
 def retrieve_file_content(file_id: str, request: Request, account: Account = Depends(current_account)):
     row, chunks = service.file_content(request.app.state.openft, account, file_id)
     return digest_stream(chunks, sha256=row.sha256, size=row.bytes, head=request.method == "HEAD")
