@@ -29,6 +29,10 @@ PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The suite's deployments run unthrottled: tests (and fuzzers) make many quick calls from one key.
 # tests/serve_app/test_rate_limits.py deploys its own with limits on.
 RATE_LIMITS_OFF = {"rate_limit_requests_per_second": 0, "rate_limit_heavy_per_second": 0, "uploads_in_flight_per_account": 0}
+# The webhook tests' receivers listen on 127.0.0.1, which the address rule refuses by default
+# (webhooks/targets.py): the suite's deployments allow that one address and nothing else, so no
+# test can reach another. tests/webhooks/test_targets.py shows the default refusing it.
+LOOPBACK_RECEIVERS = {"webhook_allowed_networks": ["127.0.0.1/32"]}
 
 
 def free_port() -> int:
@@ -171,7 +175,8 @@ def apis(request, session_dir: Path, serve_port: int):
 
     def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
-            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF, **settings_overrides}
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF, **LOOPBACK_RECEIVERS,
+                         **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")
             settings = Settings(data_dir=session_dir / f"api-{name}", **overrides)

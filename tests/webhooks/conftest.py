@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.utils.webhook_receiver import Receiver
+from tests.utils.webhook_receiver import Receiver, Trickler
 
 
 @pytest.fixture
@@ -18,3 +18,16 @@ def receivers():
     yield make
     for receiver in started:
         receiver.stop()
+
+
+@pytest.fixture
+def trickler():
+    started: list[Trickler] = []
+
+    def make(**kw) -> Trickler:
+        started.append(Trickler(**kw).start())
+        return started[-1]
+
+    yield make
+    for one in started:
+        one.stop()
