@@ -75,6 +75,20 @@ class PayloadTooLarge(ServiceError):
     retryable = False
 
 
+class HeadTooLarge(ServiceError):
+    """431: more header fields, or longer ones, than the server reads (serve_app/request_head.py)."""
+
+    status = 431
+    type = "invalid_request_error"
+    retryable = False
+
+
+class UriTooLong(HeadTooLarge):
+    """414: a request line longer than the server reads."""
+
+    status = 414
+
+
 class RangeNotSatisfiable(ServiceError):
     """416 for a download's Range of which no byte is in the file, saying why, with the file's size in
     Content-Range."""

@@ -28,19 +28,9 @@ from dataclasses import dataclass
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from openft.errors import ECHOED_NAME_CHARS, ServiceError
+from openft.errors import ECHOED_NAME_CHARS, HeadTooLarge, ServiceError, UriTooLong
 from openft.settings import Settings
 from serve_app.errors import error_response
-
-
-class HeadTooLarge(ServiceError):
-    status = 431
-    type = "invalid_request_error"
-    retryable = False
-
-
-class UriTooLong(HeadTooLarge):
-    status = 414
 
 
 @dataclass(frozen=True)

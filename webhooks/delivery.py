@@ -244,7 +244,8 @@ class Deliverer:
             await asyncio.gather(*self.running)
 
     async def run(self, stop: threading.Event) -> None:
-        """Claim whenever the pool has room, until `stop` is set; the attempts in flight then finish."""
+        """Claim whenever the pool has room, until `stop` is set; the attempts in flight are then
+        cancelled, unrecorded: their leases lapse and they are sent again (same webhook-id) later."""
         while not stop.is_set():
             try:
                 claimed = await self.fill()
@@ -259,7 +260,9 @@ class Deliverer:
             except TimeoutError:
                 pass
         self.held.clear()
-        await self.drain()
+        for task in list(self.running):
+            task.cancel()
+        await asyncio.gather(*self.running, return_exceptions=True)
 
 
 def deliver_due(db: Database, settings: Settings, owner: str) -> list[str]:

@@ -29,7 +29,9 @@ from storage.models import File
 from tests.fuzz.conftest import ENVELOPE_KEYS, serve_in_thread
 from tests.utils.raw_http import exchange
 
-_DIGITS = st.integers(0, 5000).flatmap(lambda n: st.text("0123456789", min_size=n, max_size=n))
+# Short numbers, and ones about Python's int() limit of 4,300 digits (where ByteRange.parse raised).
+_DIGITS = st.one_of(st.integers(0, 40), st.integers(4290, 5000)).flatmap(
+    lambda n: st.text("0123456789", min_size=n, max_size=n))
 NUMBERS = st.one_of(
     st.integers(-10**20, 10**20).map(str), _DIGITS, st.sampled_from(["", "-0", "+5", "1e9", "0x10", "1_000", "nan",
                                                                     "inf", "-inf", "\u0661\u0662", " 7 ", "1.5"]),
@@ -58,7 +60,7 @@ def heads(draw, key: str, blob: str, file_id: str, huge: int) -> bytes:
                "garbage": [("Authorization", "Bearer " + draw(st.text("abcdef-_=0123456789", max_size=200)))],
                "scheme": [("Authorization", f"Basic {key}")], "huge": [("Authorization", "Bearer " + "k" * huge)],
                "unicode": [("Authorization", "Bearer sk-\u00e9\u00e9")]}[auth]
-    if draw(st.booleans()):
+    if draw(st.integers(0, 2)):
         fields.append(("Range", draw(RANGES)))
     if draw(st.booleans()):
         fields.append(("X-Request-Timeout-Seconds", draw(st.one_of(NUMBERS, st.sampled_from(["nan", "inf", "9" * 400])))))

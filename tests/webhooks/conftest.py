@@ -7,12 +7,12 @@ import pytest
 from tests.utils.webhook_receiver import Receiver, Trickler
 
 
-@pytest.fixture
-def receivers():
-    started: list[Receiver] = []
+def _started(kind):
+    """A factory of `kind` receivers, each stopped once the test ends."""
+    started = []
 
-    def make(**kw) -> Receiver:
-        started.append(Receiver(**kw).start())
+    def make(**kw):
+        started.append(kind(**kw).start())
         return started[-1]
 
     yield make
@@ -21,13 +21,10 @@ def receivers():
 
 
 @pytest.fixture
+def receivers():
+    yield from _started(Receiver)
+
+
+@pytest.fixture
 def trickler():
-    started: list[Trickler] = []
-
-    def make(**kw) -> Trickler:
-        started.append(Trickler(**kw).start())
-        return started[-1]
-
-    yield make
-    for one in started:
-        one.stop()
+    yield from _started(Trickler)

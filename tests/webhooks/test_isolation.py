@@ -23,7 +23,7 @@ from tests.webhooks.test_delivery import Hooks
 from webhooks import outbox
 from webhooks.delivery import deliver_due, start_deliverer
 
-DEADLINE_S = 3.0
+DEADLINE_S = 2.0
 
 
 def _enqueue(hooks: Hooks, account, event_type: str, n: int = 1) -> list[str]:
@@ -74,7 +74,7 @@ def test_a_trickling_receiver_delays_no_other_accounts_delivery(postgres, receiv
                       timeout=30, interval=0.1)
         assert {x.error for x in first} == {"timeout"} and all(x.status_code is None for x in first)
         assert all(DEADLINE_S * 1000 <= x.duration_ms < DEADLINE_S * 1000 + 2000 for x in first), first
-        until(lambda: slow.connections == 4, "the waiting two taking the turns", timeout=30)
+        until(lambda: slow.connections == 4, "the waiting two taking the turns", timeout=30, interval=0.02)
     finally:
         stop.set()
         thread.join(timeout=30)
