@@ -16,7 +16,7 @@ import time
 from urllib.parse import urlsplit
 
 from jobs.transitions import lock_account
-from openft.errors import InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
+from openft.errors import Conflict, InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
 from openft.ids import new_id
 from serve_app.schemas.common import Page
 from serve_app.schemas.webhooks import (
@@ -35,7 +35,7 @@ from storage.models import Account
 from storage.models import WebhookEndpoint as EndpointRow
 from webhooks import events, signing, targets
 from webhooks.delivery import post
-from webhooks.secrets import SecretBox
+from webhooks.secrets import SecretBox, SecretUnreadable
 
 NAME_CHARS, URL_CHARS = 256, 2048
 KEEP_OLD_SECRET_S = 24 * 3600
@@ -49,13 +49,18 @@ class EndpointUnreachable(ServiceError):
     retryable = False
 
 
-def endpoint_object(row: EndpointRow, secret: str) -> WebhookEndpoint:
+def endpoint_object(row: EndpointRow, secret: str | None) -> WebhookEndpoint:
     return WebhookEndpoint(id=row.id, created_at=row.created_at, event_types=list(row.event_types), name=row.name,
-                           signing_secret_hint=signing.hint(secret), url=row.url, updated_at=row.updated_at)
+                           signing_secret_hint=signing.hint(secret) if secret else None, url=row.url,
+                           updated_at=row.updated_at)
 
 
 def _shown(state: AppState, row: EndpointRow) -> WebhookEndpoint:
-    return endpoint_object(row, SecretBox(state.settings).open(row.secret))
+    """The endpoint as lists show it; no hint when its secret no longer opens (signing_secret changed)."""
+    try:
+        return endpoint_object(row, SecretBox(state.settings).open(row.secret))
+    except SecretUnreadable:
+        return endpoint_object(row, None)
 
 
 def _with_secret(row: EndpointRow, secret: str) -> WebhookEndpointWithSecret:
@@ -194,10 +199,19 @@ def rotate_secret(state: AppState, account: Account, endpoint_id: str, body: dic
         if not isinstance(keep, bool):
             raise _invalid("keep_old_secret_active_for_24_hours must be true or false.",
                            "keep_old_secret_active_for_24_hours")
-        now, secret = state.now(), signing.new_secret()
+        now, secret, box = state.now(), signing.new_secret(), SecretBox(state.settings)
+        keep = keep and _opens(box, row.secret)  # an unreadable old secret could sign nothing
         row.previous_secret, row.previous_secret_until = (row.secret, now + KEEP_OLD_SECRET_S) if keep else (None, None)
-        row.secret, row.updated_at = SecretBox(state.settings).seal(secret), now
+        row.secret, row.updated_at = box.seal(secret), now
         return _with_secret(row, secret)
+
+
+def _opens(box: SecretBox, stored: str) -> bool:
+    try:
+        box.open(stored)
+    except SecretUnreadable:
+        return False
+    return True
 
 
 def send_test_event(state: AppState, account: Account, endpoint_id: str, body: dict) -> WebhookEndpointTestResult:
@@ -211,7 +225,12 @@ def send_test_event(state: AppState, account: Account, endpoint_id: str, body: d
         if event_type not in events.EVENT_TYPES:
             raise _invalid(f"event_type must be one of {', '.join(events.EVENT_TYPES)}.", "event_type",
                            "unsupported_value")
-        url, keys = row.url, SecretBox(state.settings).open_all(repo.signing_keys(row, time.time()))
+        try:
+            url, keys = row.url, SecretBox(state.settings).open_all(repo.signing_keys(row, time.time()))
+        except SecretUnreadable:
+            raise Conflict("This endpoint's signing secret no longer opens with the service's signing key (the "
+                           "operator changed it); give it a new one with rotate_secret.", code="secret_unreadable",
+                           param="webhook_endpoint_id") from None
     event_id = events.event_id()
     body_text = events.payload(event_id, event_type, state.now(), events.SAMPLE_IDS[event_type])
     answer = post(url, keys, event_id, body_text, deadline_s=state.settings.webhook_timeout_seconds,
