@@ -32,9 +32,11 @@ URL's), so a name that resolves or re-resolves to a refused address is refused (
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import random
 import socket
+import ssl
 import threading
 import time
 from collections import Counter, deque
@@ -77,7 +79,14 @@ async def _resolve(host: str, port: int) -> targets.Address:
     return ip_address(infos[0][4][0])
 
 
-async def _send(url: str, keys: tuple[str, ...], msg_id: str, body: str,
+@functools.cache
+def _tls() -> ssl.SSLContext:
+    """One TLS context (certifi's roots) for every POST: loading it takes longer than a refused
+    connection, so it is made once, outside any attempt's deadline."""
+    return httpx.create_ssl_context()
+
+
+async def _send(client: httpx.AsyncClient, url: str, keys: tuple[str, ...], msg_id: str, body: str,
                 allowed: Sequence) -> tuple[int | None, str | None, str | None]:  # fmt: skip
     target = httpx.URL(url)
     port = target.port or (443 if target.scheme == "https" else 80)
@@ -89,24 +98,25 @@ async def _send(url: str, keys: tuple[str, ...], msg_id: str, body: str,
     # Connect to the address just checked, never to a second lookup of the name; TLS still checks
     # the certificate against the URL's host (sni_hostname).
     pinned = target.copy_with(host=str(address).split("%")[0])
-    async with httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=None) as client:
-        async with client.stream("POST", pinned, content=body.encode(), headers=headers,
-                                 extensions={"sni_hostname": target.host}) as response:
-            return response.status_code, None, None  # the body is never read: a receiver could send gigabytes
+    async with client.stream("POST", pinned, content=body.encode(), headers=headers,
+                             extensions={"sni_hostname": target.host}) as response:
+        return response.status_code, None, None  # the body is never read: a receiver could send gigabytes
 
 
 async def apost(url: str, keys: tuple[str, ...], msg_id: str, body: str, *, deadline_s: float,
                 allowed: Sequence = ()) -> Answer:  # fmt: skip
     """One signed POST within `deadline_s` all told. Redirects are not followed and no proxy is
     taken from the environment."""
-    started = time.monotonic()
-    try:
-        async with asyncio.timeout(deadline_s):
-            code, error, why = await _send(url, keys, msg_id, body, allowed)
-    except TimeoutError:
-        return Answer(None, "timeout", _ms(started))
-    except (httpx.HTTPError, OSError, UnicodeError):  # refused, reset, DNS, TLS: the endpoint did not answer
-        return Answer(None, "connection_error", _ms(started))
+    async with httpx.AsyncClient(verify=_tls(), follow_redirects=False, trust_env=False, timeout=None) as client:
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(deadline_s):
+                code, error, why = await _send(client, url, keys, msg_id, body, allowed)
+        except TimeoutError:
+            return Answer(None, "timeout", _ms(started))
+        except (httpx.HTTPError, httpx.InvalidURL, OSError, UnicodeError):  # refused, reset, DNS, TLS, a name no
+            # resolver takes: the endpoint did not answer
+            return Answer(None, "connection_error", _ms(started))
     if error is not None:
         return Answer(None, error, _ms(started), why)
     return Answer(code, None if 200 <= code < 300 else "http_status", _ms(started))
