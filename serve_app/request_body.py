@@ -69,14 +69,27 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
+# More digits than any body this service takes: such a length is past every limit, and is never
+# converted whole (Python's int() of a long string costs time, and raises past 4,300 digits).
+MAX_LENGTH_DIGITS = 18
+BEYOND = 10**MAX_LENGTH_DIGITS
+
+
+def declared_length(value: str | bytes | None) -> int | None:
+    """A Content-Length's number; None when there is none or it is not one (the HTTP server refuses
+    those before the app; if one did not, the body's bytes are counted instead). One of more than
+    MAX_LENGTH_DIGITS digits reads as BEYOND."""
+    if value is None:
+        return None
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
+    if not text.isascii() or not text.isdigit():
+        return None
+    text = text.lstrip("0") or "0"
+    return BEYOND if len(text) > MAX_LENGTH_DIGITS else int(text)
+
+
 def _declared_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:  # the HTTP server refuses these before the app; if not, count the bytes
-                return None
-    return None
+    return declared_length(next((v for n, v in scope.get("headers", ()) if n == b"content-length"), None))
 
 
 class BodyLimit:

@@ -10,6 +10,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from openft.settings import Settings
+from serve_app.request_body import BEYOND, declared_length
 from serve_app.request_head import HeadLimits
 from tests.fuzz.conftest import serve_in_thread
 from tests.utils.raw_http import exchange, head
@@ -34,6 +35,14 @@ def test_the_rule(line, fields, status, code, param):
         assert refusal is None
     else:
         assert (refusal.status, refusal.code, refusal.param) == (status, code, param)
+
+
+@pytest.mark.parametrize("value, number", [
+    (None, None), ("12", 12), (b"0007", 7), ("-1", None), ("1e3", None), ("\u0661\u0662", None), ("", None),
+    ("9" * 19, BEYOND), ("9" * 5000, BEYOND),
+])
+def test_a_content_length_is_bounded_before_it_is_converted(value, number):
+    assert declared_length(value) == number
 
 
 @pytest.fixture(scope="module")
