@@ -3,9 +3,10 @@ the adapter and merged-weights downloads also answer a single HTTP Range (RFC 91
 that an interrupted download resumes where it stopped (`openft models download`). Every download
 route answers HEAD with the status and headers its GET would send, and reads no byte of the file.
 
-A Range's numbers are bounded before they are converted: a position of more than 18 digits (past
-any file's end) counts as 10**18, never as Python's int of 4,301 digits, which raised (an
-unauthenticated 500 on the blob links, where Range is read before the token is checked)."""
+A Range's numbers are bounded before they are converted (serve_app/request_params.py
+`bounded_count`): a position of more than 18 digits is past any file's end, never Python's int of
+4,301 digits, which raised (an unauthenticated 500 on the blob links, where Range is read before
+the token is checked); a header longer than one range can be is ignored."""
 
 from __future__ import annotations
 
@@ -16,21 +17,17 @@ from dataclasses import dataclass
 from fastapi.responses import Response, StreamingResponse
 
 from openft.errors import RangeNotSatisfiable
+from serve_app.request_params import BEYOND, bounded_count
 from storage.objects import ObjectStore
 
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 SPAN_CHUNK = 1 << 20
-MAX_DIGITS = 18  # a position of more digits is past any file's end
-BEYOND = 10**MAX_DIGITS
 # A single range is `bytes=` and two positions; a longer header is none this server serves.
 MAX_RANGE_CHARS = 200
 
 
 def _position(digits: str) -> int | None:
-    if not digits:
-        return None
-    digits = digits.lstrip("0") or "0"
-    return BEYOND if len(digits) > MAX_DIGITS else int(digits)
+    return bounded_count(digits) if digits else None
 
 
 @dataclass(frozen=True)

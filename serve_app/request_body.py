@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openft.errors import ECHOED_NAME_CHARS, InvalidRequest, PayloadTooLarge
 from serve_app.errors import error_response
+from serve_app.request_params import bounded_count
 
 KIB, MIB = 1024, 1024 * 1024
 DEFAULT_BODY_LIMIT = 64 * KIB
@@ -69,23 +70,16 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
-# More digits than any body this service takes: such a length is past every limit, and is never
-# converted whole (Python's int() of a long string costs time, and raises past 4,300 digits).
-MAX_LENGTH_DIGITS = 18
-BEYOND = 10**MAX_LENGTH_DIGITS
-
-
 def declared_length(value: str | bytes | None) -> int | None:
-    """A Content-Length's number; None when there is none or it is not one (the HTTP server refuses
-    those before the app; if one did not, the body's bytes are counted instead). One of more than
-    MAX_LENGTH_DIGITS digits reads as BEYOND."""
+    """A Content-Length's number (request_params.bounded_count: past every limit when too long);
+    None when there is none or it is not one (the HTTP server refuses those before the app; if one
+    did not, the body's bytes are counted instead)."""
     if value is None:
         return None
     text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
     if not text.isascii() or not text.isdigit():
         return None
-    text = text.lstrip("0") or "0"
-    return BEYOND if len(text) > MAX_LENGTH_DIGITS else int(text)
+    return bounded_count(text)
 
 
 def _declared_length(scope: Scope) -> int | None:

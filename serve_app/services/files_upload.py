@@ -37,7 +37,8 @@ from openft.ids import file_id as new_file_id
 from pipelines.validate import FileStats, FileValidationError, StreamingValidator
 from pipelines.validate_ray import build_validation
 from serve_app.multipart_stream import MultipartStream, PartData, PartEnd, PartStart, boundary_of, incomplete
-from serve_app.request_body import BEYOND, declared_length
+from serve_app.request_body import declared_length
+from serve_app.request_params import BEYOND
 from serve_app.schemas.files import UPLOAD_PURPOSES
 from serve_app.services import file_limits
 from serve_app.state import AppState

@@ -10,7 +10,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from openft.settings import Settings
-from serve_app.request_body import BEYOND, declared_length
+from serve_app.request_body import declared_length
+from serve_app.request_params import BEYOND
 from serve_app.request_head import HeadLimits
 from tests.fuzz.conftest import serve_in_thread
 from tests.utils.raw_http import exchange, head
