@@ -1,7 +1,8 @@
 """A stored object streamed to the caller with its SHA-256 and size, as every download route sends it;
 the adapter and merged-weights downloads also answer a single HTTP Range (RFC 9110 section 14), so
 that an interrupted download resumes where it stopped (`openft models download`). Every download
-route answers HEAD with the status and headers its GET would send, and reads no byte of the file.
+route answers HEAD with the status and headers its GET would send: it opens the object (a missing
+one answers 404 as for GET) and reads none of it.
 
 A Range's numbers are bounded before they are converted (serve_app/request_params.py
 `bounded_count`): a position of more than 18 digits is past any file's end, never Python's int of
