@@ -48,8 +48,9 @@ test-cluster: $(STAMP)
 test-e2e: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
 
-# The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,
-# schemathesis with more cases per operation, PostgreSQL and the admin routes (the default profile runs in make test).
+# The fuzzers' large profile: more generated uploads, multipart bodies and request heads, the 64 MiB
+# file edges, schemathesis with more cases per operation, PostgreSQL and the admin routes (the default
+# profile runs in make test).
 test-fuzz: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m fuzz_large tests/fuzz
 
@@ -65,7 +66,7 @@ $(MLFLOW_STAMP):
 	touch $(MLFLOW_STAMP)
 
 # Suites left out of make test's budget: deployments of their own or long waits (rate limits,
-# slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
+# API key revocation under load, slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
 # Data path of the create checks on a row of the wrong shape.
 test-heavy: $(STAMP) $(MLFLOW_STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy

@@ -75,16 +75,30 @@ class PayloadTooLarge(ServiceError):
     retryable = False
 
 
+class HeadTooLarge(ServiceError):
+    """431: more header fields, or longer ones, than the server reads (serve_app/request_head.py)."""
+
+    status = 431
+    type = "invalid_request_error"
+    retryable = False
+
+
+class UriTooLong(HeadTooLarge):
+    """414: a request line longer than the server reads."""
+
+    status = 414
+
+
 class RangeNotSatisfiable(ServiceError):
-    """416 for a download's Range that starts at or past the file's end, with its size in Content-Range."""
+    """416 for a download's Range of which no byte is in the file, saying why, with the file's size in
+    Content-Range."""
 
     status = 416
     type = "invalid_request_error"
     retryable = False
 
-    def __init__(self, size: int):
-        super().__init__(f"The requested range starts past the file's end ({size} bytes).",
-                         code="range_not_satisfiable", param="range")
+    def __init__(self, size: int, message: str):
+        super().__init__(message, code="range_not_satisfiable", param="range")
         self.headers = {"content-range": f"bytes */{size}"}
 
 

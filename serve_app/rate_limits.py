@@ -1,4 +1,4 @@
-"""Rate limits per API key and a cap on uploads in flight per account, shared by every replica.
+"""Rate limits per account (all its API keys together) and a cap on uploads in flight per account, shared by every replica.
 
 Where the counts live: in the metadata database, not in a Ray actor. The app also runs without
 Ray (plain uvicorn over `create_app`), every request already opens a database session to look up
@@ -10,7 +10,7 @@ shared 2-core test machine, +0.4 ms of database work per request on SQLite and +
 PostgreSQL, and 64 clients' throughput with limits on within noise of it with them off.
 
 The route dependencies that apply these sit in `serve_app.auth`:
-- Every authenticated request takes a token from the key's general bucket
+- Every authenticated request takes a token from its account's general bucket
   (`rate_limit_requests_per_second`, `rate_limit_requests_burst`): `current_account`.
 - Uploads and job creates also take one from a stricter bucket they share
   (`rate_limit_heavy_per_second`, `rate_limit_heavy_burst`): `heavy_request`.
@@ -64,7 +64,7 @@ def take(session: Session, settings: Settings, account_id: str, bucket: str) -> 
     if wait <= 0:
         return None
     what = "requests" if bucket == GENERAL else "uploads and fine-tuning job creates"
-    return RateLimited(f"Rate limit reached for {what}: {rate:g} per second with bursts of {burst} per API key. "
+    return RateLimited(f"Rate limit reached for {what}: {rate:g} per second with bursts of {burst} per account. "
                        "Retry after the time in the Retry-After header.", code="rate_limit_exceeded", retry_after=wait)
 
 

@@ -18,12 +18,39 @@ class Account(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     org_id: Mapped[str] = mapped_column(String(20), unique=True)
-    # SHA-256 of the API key: keys are 256-bit random, so a fast hash is enough to make a leaked
-    # table useless, and the lookup stays an index seek; the final comparison is constant-time.
-    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
-    key_hint: Mapped[str] = mapped_column(String(16))
+    # Retired by migration 0012, which moved each account's key to `api_keys` (several per account).
+    # SQLite cannot drop a UNIQUE column of a table that others reference inside the migration's
+    # transaction (the rebuild's DROP TABLE fails their foreign keys), so the columns stay and hold a
+    # placeholder (`retired:` and the account id), never a key's hash.
+    retired_key_sha256: Mapped[str] = mapped_column("key_sha256", String(64), unique=True)
+    retired_key_hint: Mapped[str] = mapped_column("key_hint", String(16))
     open_jobs_limit: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    """One API key of an account (issue 24): the account may hold several, each with a name and an
+    optional expiry; a revoked one keeps its row (for the record) and never authenticates again.
+
+    Only the key's SHA-256 is stored: keys are 256-bit random, so a fast hash is enough to make a
+    leaked table useless, and the lookup stays an index seek; the final comparison is constant-time."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_account_created", "account_id", "created_ns", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    name: Mapped[str] = mapped_column(String(256))
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    # What lists show of it: the prefix and the last 4 characters.
+    redacted_value: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    # Written at most once a minute per key (storage/api_keys.py): a write per request would cost
+    # every request a row lock.
+    last_used_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class File(Base):
@@ -315,9 +342,9 @@ class Batch(Base):
 # -- webhooks (issue 16) --
 class WebhookEndpoint(Base):
     """A URL an account registered for some event types (OpenAI's webhook endpoint). `secret` is
-    kept as is: every delivery is signed with it (HMAC), so a hash would not do. After a rotation
-    that keeps the old one, deliveries carry a second signature with `previous_secret` until
-    `previous_secret_until`."""
+    stored sealed (webhooks/secrets.py), not hashed: every delivery is signed with it (HMAC). After
+    a rotation that keeps the old one, deliveries carry a second signature with `previous_secret`
+    until `previous_secret_until`."""
 
     __tablename__ = "webhook_endpoints"
     __table_args__ = (Index("ix_webhook_endpoints_account_created", "account_id", "created_ns", "id"),)
@@ -327,8 +354,8 @@ class WebhookEndpoint(Base):
     name: Mapped[str] = mapped_column(String(256))
     url: Mapped[str] = mapped_column(String(2048))
     event_types: Mapped[list[Any]] = mapped_column(JSON)
-    secret: Mapped[str] = mapped_column(String(80))
-    previous_secret: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    secret: Mapped[str] = mapped_column(String(160))
+    previous_secret: Mapped[str | None] = mapped_column(String(160), nullable=True)
     previous_secret_until: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     created_ns: Mapped[int] = mapped_column(BigInteger)

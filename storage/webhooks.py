@@ -58,10 +58,18 @@ def delete_endpoint(session: Session, endpoint: WebhookEndpoint) -> None:
 
 
 def signing_keys(endpoint: WebhookEndpoint, now: float) -> tuple[str, ...]:
-    """The secrets that sign a POST sent now: the current one, and the previous one while a rotation keeps it."""
+    """The secrets that sign a POST sent now, as stored (sealed: webhooks/secrets.py opens them): the
+    current one, and the previous one while a rotation keeps it."""
     if endpoint.previous_secret and (endpoint.previous_secret_until or 0) > now:
         return endpoint.secret, endpoint.previous_secret
     return (endpoint.secret,)
+
+
+def endpoints_with_plain_secrets(session: Session) -> Sequence[WebhookEndpoint]:
+    """Endpoints whose secret, or previous secret, was stored before secrets were sealed (0012)."""
+    plain = "whsec\\_%"  # the secret's own prefix; a sealed one starts `enc1:`
+    return session.scalars(select(WebhookEndpoint).where(or_(WebhookEndpoint.secret.like(plain, escape="\\"),
+                                                             WebhookEndpoint.previous_secret.like(plain, escape="\\")))).all()
 
 
 # -- the outbox -----------------------------------------------------------------------------------

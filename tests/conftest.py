@@ -35,6 +35,10 @@ RATE_LIMITS_OFF = {"rate_limit_requests_per_second": 0, "rate_limit_heavy_per_se
 SANDBOX_TEST_LIMITS = {"grader_python_wall_seconds": 20, "grader_python_cpu_seconds": 1,
                        "grader_python_memory_bytes": 512 * 2**20, "grader_python_disk_bytes": 4 * 2**20,
                        "grader_python_max_processes": 32}
+# The webhook tests' receivers listen on 127.0.0.1, which the address rule refuses by default
+# (webhooks/targets.py): the suite's deployments allow that one address and nothing else, so no
+# test can reach another. tests/webhooks/test_targets.py shows the default refusing it.
+LOOPBACK_RECEIVERS = {"webhook_allowed_networks": ["127.0.0.1/32"]}
 
 
 def free_port() -> int:
@@ -177,7 +181,7 @@ def apis(request, session_dir: Path, serve_port: int):
 
     def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
-            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF,
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF, **LOOPBACK_RECEIVERS,
                          **SANDBOX_TEST_LIMITS, **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")

@@ -40,3 +40,11 @@ def test_the_manifests_settings_load_and_its_resources_match_them(monkeypatch):
             declared["GPU"] = float(params["num-gpus"])
     for need in (settings.train_worker_resources, settings.batch_engine_resources):
         assert need.keys() <= declared.keys(), (need, declared)
+
+
+def test_the_head_runs_the_serve_proxy_with_bounded_heads():
+    from entrypoints.serve_proxy import ENV, HOOK
+
+    head = yaml.safe_load(MANIFEST.read_text())["spec"]["headGroupSpec"]
+    ray_head = next(c for c in _containers(head) if c["name"] == "ray-head")
+    assert {e["name"]: e.get("value") for e in ray_head["env"]}[ENV] == HOOK

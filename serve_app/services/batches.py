@@ -1,8 +1,8 @@
 """Batches: create (every refusal, the create-time scan, the open-batch limit), list, retrieve, cancel.
 
 Create refuses before anything is made: the body's fields (OpenAI's: input_file_id, endpoint,
-completion_window, metadata), the input file (the caller's, purpose `batch`), then the scan of its
-lines (batches/scan.py) and the open-batch limit, checked again under the account's lock with the
+completion_window, metadata), the input file (the caller's, purpose `batch`), the open-batch limit,
+then the scan of its lines (batches/scan.py), and the limit again under the account's lock with the
 row's insert so that concurrent creates at the limit cannot both pass. The batch's life from
 there is batches/transitions.py's; the controller runs it.
 """
@@ -100,14 +100,16 @@ def parse_create(body: dict) -> tuple[str, str, str, dict[str, str] | None]:
 def create_batch(state: AppState, account: Account, body: dict) -> Batch:
     file_id, endpoint, window, metadata = parse_create(body)
     with state.db.session() as session:
-        limits.check_open_batches(session, account.id, state.settings)  # fail fast; again under the lock
+        # Whose file it is comes first: at its open-batch limit, another account's file id must still
+        # answer file_not_found, not say how many batches this account has open.
         source = files_repo.get_file(session, account.id, file_id)
-    if source is None:
-        raise _invalid("input_file_id does not name a file of yours. Upload the requests with purpose=batch.",
-                       "input_file_id", "file_not_found")
-    if source.purpose != "batch":
-        raise _invalid("input_file_id must be a file uploaded with purpose=batch.", "input_file_id",
-                       "invalid_file_purpose")
+        if source is None:
+            raise _invalid("input_file_id does not name a file of yours. Upload the requests with purpose=batch.",
+                           "input_file_id", "file_not_found")
+        if source.purpose != "batch":
+            raise _invalid("input_file_id must be a file uploaded with purpose=batch.", "input_file_id",
+                           "invalid_file_purpose")
+        limits.check_open_batches(session, account.id, state.settings)  # fail fast; again under the lock
 
     with state.db.session() as session:
         found = scan(iter_lines(state.store.iter_chunks(source.object_key)),

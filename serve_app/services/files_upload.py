@@ -37,6 +37,8 @@ from openft.ids import file_id as new_file_id
 from pipelines.validate import FileStats, FileValidationError, StreamingValidator
 from pipelines.validate_ray import build_validation
 from serve_app.multipart_stream import MultipartStream, PartData, PartEnd, PartStart, boundary_of, incomplete
+from serve_app.request_body import declared_length
+from serve_app.request_params import BEYOND
 from serve_app.schemas.files import UPLOAD_PURPOSES
 from serve_app.services import file_limits
 from serve_app.state import AppState
@@ -248,13 +250,6 @@ class _Upload:
             self.stack.__exit__(InvalidRequest, InvalidRequest("upload aborted"), None)
 
 
-def _content_length(headers: Mapping[str, str]) -> int | None:
-    try:
-        return int(headers["content-length"])
-    except (KeyError, ValueError):
-        return None  # chunked (the server already refused a malformed length)
-
-
 async def _drain(body: AsyncIterator[bytes], limit: int) -> bool:
     """Read and drop the rest of the body, up to `limit` bytes; whether it ended (or the client left)."""
     try:
@@ -285,7 +280,7 @@ async def _stream(upload: _Upload, stream: MultipartStream, body: AsyncIterator[
 
 
 def _body_too_large(length: int | None = None) -> PayloadTooLarge:
-    size = f"is {length:,} bytes" if length is not None else "is longer"
+    size = f"is {length:,} bytes" if length is not None and length < BEYOND else "is longer"
     return PayloadTooLarge(
         f"The request body {size}; an upload's body may be at most {MAX_BODY_BYTES:,} bytes (the largest file, "
         f"{max(MAX_BYTES.values()):,} bytes, and 1 MiB for the rest of the form).",
@@ -298,7 +293,7 @@ async def upload_file(
 ) -> File:
     """The file a multipart body uploads; a refusal whose body was left unread carries
     `headers = CLOSE_CONNECTION` (the error handler sends them)."""
-    length = _content_length(headers)
+    length = declared_length(headers.get("content-length"))  # None: chunked
     if length is not None and length > MAX_BODY_BYTES:
         exc = _body_too_large(length)
         exc.headers = CLOSE_CONNECTION

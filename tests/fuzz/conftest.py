@@ -51,11 +51,13 @@ def fuzz_pg_api(apis, fuzz_pg_database_url) -> Api:
 
 
 @contextmanager
-def serve_in_thread(settings: Settings) -> Iterator[tuple[str, AppState]]:
-    """The API app on uvicorn in a daemon thread: (base URL ending in /v1, the app's state)."""
+def serve_in_thread(settings: Settings, http="auto") -> Iterator[tuple[str, AppState]]:
+    """The API app on uvicorn in a daemon thread: (base URL ending in /v1, the app's state). `http`:
+    uvicorn's protocol (the Serve proxy's bounded one: entrypoints/serve_proxy.py)."""
     app = create_app(settings)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           http=http))
     thread = threading.Thread(target=server.run, name="fuzz-uvicorn", daemon=True)
     thread.start()
     try:
