@@ -84,7 +84,7 @@ def resolve_checkpoint(session, account_id: str, name: str) -> tuple[Job, KeptCh
 
 
 def model_name(base_id: str, org_id: str, job_id: str) -> str:
-    """`ft:<base>:<org>:<job suffix>`: the reference's form (train/registration.py registers it)."""
+    """`ft:<base>:<org>:<job suffix>`: the reference's form (jobs/registration.py registers it)."""
     return f"ft:{base_id}:{org_id.removeprefix('org-')}:{job_id.removeprefix('ftjob-')[:12]}"
 
 

@@ -38,7 +38,8 @@ from catalog.bases import get_base
 from openft.errors import InvalidRequest
 from openft.settings import Settings
 from pipelines._batch_input import Line, LineError, error_line, not_run_line, output_line, parse_line
-from pipelines.generate import GenRequest, GenResult, SamplingParams, load_engine, render_prompt
+from pipelines.engine import GenRequest, GenResult, SamplingParams
+from pipelines.generate import load_engine, render_prompt
 from storage.keys import ADAPTER_FILES
 
 STOP_MARKER = "STOP"

@@ -35,7 +35,7 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, AsyncIterator
 
-from jobs.transitions import lock_account
+from storage.leases import lock_account
 from openft.errors import RateLimited
 from openft.settings import Settings
 from serve_app.state import AppState

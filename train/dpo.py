@@ -25,7 +25,8 @@ from collections.abc import Callable
 import torch
 
 from pipelines.tokenize import IGNORE_INDEX
-from train.config import TrainingError, TrainJob, TrainOutcome
+from train.config import TrainJob, TrainOutcome
+from openft.errors import TrainingError
 from train.data import eval_batches, length_grouped_batches, pad_batch
 from train.loop import Progress, StepResult, run_recipe
 from train.parallel import SINGLE, Group

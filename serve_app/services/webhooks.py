@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
-from jobs.transitions import lock_account
+from storage.leases import lock_account
 from openft.errors import InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
 from openft.ids import new_id
 from serve_app.schemas.common import Page

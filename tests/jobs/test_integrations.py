@@ -1,4 +1,4 @@
-"""The integrations' create-time rules (train/integrations/spec.py), without a server."""
+"""The integrations' create-time rules (jobs/integrations.py), without a server."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 
 from openft.errors import InvalidRequest
 from openft.settings import Settings
-from train.integrations.spec import (
+from jobs.integrations import (
     MlflowIntegration, WandbIntegration, check_available, from_wire, parse_integrations,
 )
 

@@ -24,7 +24,7 @@ from pipelines.tokenize import (
 )
 from storage.objects import open_object_store
 from tests.factories import chat_row, jsonl, preference_row
-from train.config import TrainingError
+from openft.errors import TrainingError
 
 # The Mistral template writes "[/INST] " before an answer and its tokenizer folds that space into
 # the answer's first token, which therefore trains.

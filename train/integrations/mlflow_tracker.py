@@ -19,7 +19,7 @@ import httpx
 
 from openft.settings import Settings
 from train.integrations.outcome import JobFacts, Outcome
-from train.integrations.spec import MlflowIntegration
+from jobs.integrations import MlflowIntegration
 
 BATCH_METRICS = 1000  # MLflow's log-batch limit
 RUN_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from openft.settings import Settings
 from train.integrations.outcome import JobFacts, Outcome
-from train.integrations.spec import WandbIntegration
+from jobs.integrations import WandbIntegration
 
 
 class WandbTracker:
