@@ -43,17 +43,13 @@ from storage import context, keys
 from storage.batches import ENDED_STATUSES
 from storage.files import add_file
 from storage.keys import ADAPTER_FILES
-from storage.leases import Heartbeat
+from storage.leases import Heartbeat, LeaseLost
 from storage.models import Batch, File
 from storage.objects import ObjectNotFound
 
 log = logging.getLogger("openft.batches")
 NOT_RUN = {"cancelled": ("batch_cancelled", "The batch was cancelled before this request ran."),
            "expired": ("batch_expired", "The batch's completion window ended before this request ran.")}
-
-
-class LeaseLost(Exception):
-    """Another driver holds the batch now: stop and write nothing."""
 
 
 @dataclass

@@ -150,7 +150,7 @@ def _process(ctx: Context, claim: Claim, now: int | None, stopping: threading.Ev
         return None
     beat = Heartbeat(ctx.db, MERGE, claim.merge_id, claim.owner, ctx.settings.run_lease_seconds, stopping=stopping)
     started = time.monotonic()
-    with beat.start():
+    with beat:
         try:
             outcome: MergeResult | MergeError = run_merge(req, ctx.store, should_stop=lambda: not beat.holding())
             metrics.record_merge(sum(f["bytes"] for f in outcome.files), time.monotonic() - started, model=req.base_id)

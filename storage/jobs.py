@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sqlalchemy import func, or_, select, update
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from openft.ids import event_id
 from storage import leases, paging
-from storage.models import Job, JobEvent
+from storage.models import FineTunedModel, Job, JobEvent
 
 OPEN_STATUSES = ("validating_files", "queued", "running", "paused")
 ENDED_STATUSES = ("succeeded", "failed", "cancelled")
@@ -113,3 +113,29 @@ def new_events(session: Session, job_id: str, after_seq: int, type: str) -> Sequ
     """The job's events of `type` after `after_seq`, oldest first (a forwarder tailing them)."""
     return session.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after_seq,
                                                   JobEvent.type == type).order_by(JobEvent.seq)).all()
+
+
+# -- retention (serve_app/services/retention.py) ------------------------------------------------------
+def ended_with_copies(session: Session, cutoff: int, *, limit: int) -> Sequence[Job]:
+    """Jobs that ended at or before `cutoff` whose run copies are not deleted yet, oldest end first."""
+    return session.scalars(select(Job).where(
+        Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_(None)
+    ).order_by(Job.finished_at).limit(limit)).all()
+
+
+def live_adapters(session: Session, job_ids: list[str]) -> dict[str, str]:
+    """Job id -> adapter prefix of those jobs' models that are not deleted."""
+    return dict(session.execute(select(FineTunedModel.job_id, FineTunedModel.adapter_prefix).where(
+        FineTunedModel.job_id.in_(job_ids), FineTunedModel.deleted_at.is_(None))).all())
+
+
+def delete_ended_before(session: Session, cutoff: int, *, limit: int) -> tuple[list[str], int]:
+    """Delete up to `limit` jobs that ended at or before `cutoff` (their copies already deleted),
+    with their events; (their ids, how many events)."""
+    ids = list(session.scalars(select(Job.id).where(
+        Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_not(None)).limit(limit)))
+    if not ids:
+        return [], 0
+    events = session.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount
+    session.execute(delete(Job).where(Job.id.in_(ids)))
+    return ids, events
