@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from pipelines.batch_plan import LineRefusal  # what every line naming a model that cannot run gets
+
 
 @dataclass(frozen=True)
 class PlannedModel:
@@ -16,19 +18,10 @@ class PlannedModel:
 
 
 @dataclass(frozen=True)
-class ModelRefusal:
-    """What every line naming a model that cannot run gets in the error file."""
-
-    status_code: int
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
 class Plan:
     base_id: str
     models: tuple[PlannedModel, ...]  # the runnable ones, the base first when named
-    refused_models: dict[str, ModelRefusal]  # body.model -> why its lines do not run
+    refused_models: dict[str, LineRefusal]  # body.model -> why its lines do not run
     lines: int
     tokens_upper_bound: int  # every line's prompt bytes + template overhead + max tokens, each at most the context
 
@@ -40,6 +33,6 @@ class Plan:
     def from_record(cls, record: dict[str, Any]) -> Plan:
         return cls(
             base_id=record["base_id"], models=tuple(PlannedModel(**m) for m in record["models"]),
-            refused_models={name: ModelRefusal(**r) for name, r in record["refused_models"].items()},
+            refused_models={name: LineRefusal(**r) for name, r in record["refused_models"].items()},
             lines=record["lines"], tokens_upper_bound=record["tokens_upper_bound"],
         )

@@ -32,7 +32,8 @@ import orjson
 from sqlalchemy import select, update
 
 from batches import transitions
-from batches.plan import ModelRefusal, Plan
+from batches.plan import Plan
+from pipelines.batch_plan import LineRefusal
 from batches.scheduling import Claim
 from jobs.model_names import resolve_model
 from openft import metrics
@@ -149,7 +150,7 @@ def close(ctx: Context, claim: Claim) -> None:
 
 
 # -- staging ------------------------------------------------------------------------------------
-def stage(ctx: Context, batch: Batch, plan: Plan) -> tuple[list[tuple[str, str | None]], dict[str, ModelRefusal]]:
+def stage(ctx: Context, batch: Batch, plan: Plan) -> tuple[list[tuple[str, str | None]], dict[str, LineRefusal]]:
     """([(name, staged prefix or None for the base)], refused models added since create)."""
     models, refused = [], {}
     for i, model in enumerate(plan.models):
@@ -171,7 +172,7 @@ def stage(ctx: Context, batch: Batch, plan: Plan) -> tuple[list[tuple[str, str |
                     for chunk in ctx.store.iter_chunks(found.adapter_prefix + name):
                         out.write(chunk)
         except ObjectNotFound:
-            refused[model.name] = ModelRefusal(
+            refused[model.name] = LineRefusal(
                 404, "model_not_found", "The model named in body.model was deleted before the batch started.")
             continue
         models.append((model.name, target))
@@ -222,7 +223,8 @@ def stop_reason(beat: Heartbeat) -> str | None:
 
 
 def run(ctx: Context, claim: Claim) -> None:
-    from pipelines.batch_ray import BatchModel, BatchPlan, LineRefusal, run_batch
+    from pipelines.batch_plan import BatchModel, BatchPlan
+    from pipelines.batch_ray import run_batch
 
     batch = _owned(ctx, claim)
     stored = Plan.from_record(batch.plan)
@@ -245,7 +247,7 @@ def run(ctx: Context, claim: Claim) -> None:
     plan = BatchPlan(
         batch_id=batch.id, account_id=batch.account_id, base_id=stored.base_id,
         input_key=_input_key(ctx, batch), models=tuple(BatchModel(n, p) for n, p in models),
-        refused_models={n: LineRefusal(r.status_code, r.code, r.message) for n, r in refused.items()},
+        refused_models=refused,
         output_key=keys.batch_output(batch.account_id, batch.id), error_key=keys.batch_errors(batch.account_id, batch.id),
         shard_prefix=keys.batch_shards(batch.id), created_at=batch.created_at,
     )

@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from batches.plan import ModelRefusal, Plan, PlannedModel
+from batches.plan import Plan, PlannedModel
+from pipelines.batch_plan import LineRefusal
 from catalog.bases import BASES
 from jobs.model_names import ResolvedModel
 from openft.errors import InvalidRequest
@@ -50,7 +51,7 @@ class ScanResult:
 
     def plan(self) -> Plan:
         return Plan(base_id=self.base_id, models=tuple(PlannedModel(**m) for m in self.models),
-                    refused_models={name: ModelRefusal(**r) for name, r in self.refused.items()}, lines=self.lines,
+                    refused_models={name: LineRefusal(**r) for name, r in self.refused.items()}, lines=self.lines,
                     tokens_upper_bound=self.tokens_upper_bound)
 
 
