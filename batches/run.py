@@ -33,12 +33,12 @@ from sqlalchemy import select, update
 
 from batches import transitions
 from batches.plan import Plan
-from pipelines.batch_plan import LineRefusal
 from batches.scheduling import Claim
 from jobs.model_names import resolve_model
 from openft import metrics
 from openft.ids import batch_request_id
 from openft.ids import file_id as new_file_id
+from pipelines.batch_plan import LineRefusal
 from pipelines.distill import iter_lines
 from storage import context, keys
 from storage.batches import ENDED_STATUSES

@@ -26,10 +26,10 @@ from dataclasses import dataclass, field
 import orjson
 
 from batches.plan import Plan, PlannedModel
-from pipelines.batch_plan import LineRefusal
 from catalog.bases import BASES
 from jobs.model_names import ResolvedModel
 from openft.errors import InvalidRequest
+from pipelines.batch_plan import LineRefusal
 
 MAX_FINE_TUNES = 8
 MAX_DISTINCT_NAMES = 64  # resolving a name reads the database: a file naming more is refused

@@ -9,9 +9,9 @@ it derived, on a worker thread, and turns a refusal into the job's failure.
 from __future__ import annotations
 
 from catalog.bases import get_base
-from jobs.spec import JobSpec
 from jobs.params import FileFacts, check_job_files, file_not_found
 from jobs.quote import Quote, quote_job
+from jobs.spec import JobSpec
 from pipelines.create_checks import check_file_for_base
 from storage import files as files_repo
 from storage.context import Context

@@ -30,10 +30,10 @@ from typing import Literal
 from pydantic import BaseModel
 
 from catalog.bases import BaseModelSpec, get_base
-from openft.errors import InvalidRequest
-from openft.pricing import PriceTable
 from jobs.params import FileFacts, eval_rows_for
 from jobs.spec import JobSpec
+from openft.errors import InvalidRequest
+from openft.pricing import PriceTable
 
 # The catalog's `fit_tokens` are the tokens a base trains in this many seconds: a speed, not the limit.
 FIT_SECONDS = 7200

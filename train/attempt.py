@@ -18,10 +18,10 @@ from functools import partial
 from typing import Literal
 
 from jobs.spec import JobSpec
+from openft.errors import TrainingError
 from openft.settings import Settings
 from storage import keys
 from train.config import TrainJob
-from openft.errors import TrainingError
 
 
 @dataclass(frozen=True)

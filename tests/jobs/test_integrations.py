@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from openft.errors import InvalidRequest
-from openft.settings import Settings
 from jobs.integrations import (
     MlflowIntegration, WandbIntegration, check_available, from_wire, parse_integrations,
 )
+from openft.errors import InvalidRequest
+from openft.settings import Settings
 
 
 def test_wandb_is_returned_in_openai_shape_with_nulls_filled():

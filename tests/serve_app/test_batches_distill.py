@@ -16,8 +16,8 @@ import pytest
 from batches import run as batch_run
 from batches import transitions
 from batches.scheduling import Claim
-from jobs import distilling
 from files.distill import requests_file_for
+from jobs import distilling
 from jobs.distilling import distill_job
 from serve_app.state import AppState
 from storage import keys

@@ -21,23 +21,23 @@ import orjson
 import pytest
 from sqlalchemy import func, select
 
+from jobs import transitions
+from jobs.scheduling import Started
 from openft.errors import RateLimited
 from openft.ids import job_id as new_job_id
 from openft.settings import Settings
 from serve_app.services.fine_tuning_jobs import cancel_job, create_job
 from serve_app.state import AppState
-from jobs import transitions
-from jobs.scheduling import Started
 from storage import billing
 from storage.accounts import create_account
 from storage.db import Database
+from storage.leases import LeaseLost
 from storage.models import Account, FineTunedModel, Job, JobEvent, LedgerEntry
 from storage.objects import open_object_store
-from train.attempt import AttemptResult
-from storage.leases import LeaseLost
 from tests.conftest import ADMIN_KEY
 from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, upload
+from train.attempt import AttemptResult
 
 MODEL = "qwen2.5-0.5b-instruct"
 DAY = 86400

@@ -23,9 +23,9 @@ from storage import billing
 from storage.accounts import create_account, limits_row
 from storage.models import File, Job, LedgerEntry
 from tests.factories import batch_request_line, batch_result_line, distill_files, jsonl
-from tests.worker.runs import ScriptedRuns
 from tests.serve_app.test_jobs_api import refused
 from tests.utils.polling import until
+from tests.worker.runs import ScriptedRuns
 from worker.controller import Controller
 
 # make test-heavy: a deployment of its own and real Ray Data distillations (about a minute here);

@@ -22,15 +22,15 @@ from transformers import AutoModelForCausalLM
 
 from catalog.bases import get_base
 from catalog.standins import MANIFEST, standin_dir
-from merge.run import ADAPTER_CONFIG, ADAPTER_MODEL
+from jobs.model_names import model_name
 from merge.quota import MAX_EXPORT_BYTES
+from merge.run import ADAPTER_CONFIG, ADAPTER_MODEL
 from merge.worker import EXPORT_TTL_S, claim_pending_merges, process_merge, run_pending_merges
 from openft.ids import new_id
 from serve_app.services.blob_tokens import Blob, seal
 from serve_app.state import AppState
 from storage.models import Account, FineTunedModel, Merge
 from tests.merge.builders import Adapter, train_adapter
-from jobs.model_names import model_name
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = get_base("qwen2.5-0.5b-instruct")

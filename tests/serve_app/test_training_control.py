@@ -21,6 +21,7 @@ import pytest
 from sqlalchemy import select
 
 from jobs.model_names import CHECKPOINTS_KEPT
+from jobs.model_names import model_name
 from openft.demo_data import ticket_splits, tickets_jsonl
 from openft.settings import Settings
 from storage.accounts import create_account, limits_row
@@ -29,7 +30,6 @@ from storage.models import FineTunedModel, Job
 from tests.serve_app.test_billing import put_job
 from tests.serve_app.test_training_api import events, wait
 from tests.utils.polling import until
-from jobs.model_names import model_name
 
 MODEL = "qwen2.5-0.5b-instruct"
 

@@ -10,8 +10,8 @@ from batches import transitions
 from tests.batches.test_lifecycle import World
 from tests.factories import db_account, db_create_job, db_training_file
 from tests.jobs.conftest import backend  # noqa: F401 (the fixture)
-from tests.worker.runs import ScriptedRuns
 from tests.utils.polling import until
+from tests.worker.runs import ScriptedRuns
 from worker.controller import Controller
 
 

@@ -16,8 +16,8 @@ from sqlalchemy import func, select
 from jobs import scheduling, transitions
 from storage.models import Job, JobEvent
 from tests.factories import db_account, db_create_job, db_training_file
-from tests.worker.runs import ScriptedRuns
 from tests.utils.polling import until
+from tests.worker.runs import ScriptedRuns
 from worker.controller import Controller
 
 DAY = 86400

@@ -23,6 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from jobs.integrations import WandbIntegration, from_wire
 from jobs.spec import JobSpec
 from openft.head_node import HEAD_NODE_RESOURCES
 from openft.settings import Settings
@@ -31,7 +32,6 @@ from storage.jobs import ENDED_STATUSES, add_event, new_events
 from storage.models import Job, JobEvent
 from train.integrations.mlflow_tracker import MlflowTracker
 from train.integrations.outcome import JobFacts, Outcome, numbers
-from jobs.integrations import WandbIntegration, from_wire
 from train.integrations.wandb_tracker import WandbTracker
 
 log = logging.getLogger("openft.integrations")
