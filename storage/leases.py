@@ -34,12 +34,16 @@ leases taken, counted in `Kind.attempts`), fails it with `Kind.exhausted_code`.
 Adding a kind of background work (an eval run, a reinforcement job):
 1. its table gets `id`, `account_id`, `status`, `lease_owner`, `lease_expires_at` and an attempts
    column (a migration);
-2. its package declares `KIND = Kind(name, model, token, max_attempts, exhausted_code, ...)`;
-3. its transitions module writes its own states: a claim (`claim` with its `ready`), `lose`
-   (requeue, or fail with `exhausted_code` once `exhausted`), and its ends, each starting with
-   `owned` and calling `release`;
-4. a module in worker/ declares the pass (`worker/kinds.py` `Work`: which rows to claim, what
-   drives one under a `Heartbeat`) and adds it to the controller's list.
+2. its package declares the kind, as data, e.g.
+       EVAL = Kind("eval", EvalRun, "e", max_attempts=2, exhausted_code="eval_interrupted",
+                   needs_lease=EvalRun.status == "running")
+3. its transitions module writes its own states: a claim (`claim` with its `ready`, then its own
+   status change), `lose(session, row, now)` (`release`, then requeue, or fail with
+   `exhausted_code` once `exhausted`), and its ends, each starting with `owned` and calling
+   `release` (a holder that finds the row not its own raises `LeaseLost` and writes nothing);
+4. a module in worker/ implements the pass (worker/work.py `Work`: `reconcile` with its `lose`,
+   `claim` returning a task per claim that drives it under a `Heartbeat`) and is added to the
+   controller's list (worker/controller.py `Controller.work`).
 Nothing else: the heartbeat, reconciliation, owner tokens and the lock order are these.
 """
 
