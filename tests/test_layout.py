@@ -164,7 +164,7 @@ def test_what_every_kind_of_work_shares_is_defined_once():
                 if name in homes and (name, where) not in WRAPPERS:
                     homes[name].append(where)
     assert homes == {name: [home] for name, home in ONE_HOME.items()}
-    keyset = re.compile(r"created_ns\s*[<>]\s*cursor\.created_ns|limit\s*\+\s*1\b")  # keyset paging
+    keyset = re.compile(r"_ns\s*[<>]\s*cursor\.\w+_ns|[<>]\s*cursor\.id\b|limit\s*\+\s*1\b")  # keyset paging
     assert [str(p.relative_to(ROOT)) for package in PACKAGES for p in (ROOT / package).rglob("*.py")
             if keyset.search(p.read_text())] == ["storage/paging.py"]
 
