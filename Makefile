@@ -7,6 +7,11 @@ DEBIAN_PACKAGES := bubblewrap wordnet-base wordnet-sense-index
 APT_INSTALL := apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) \
 	|| (apt-get update -q && apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES))
 
+# Two pytest-xdist workers, each with its own Ray cluster, Serve and deployments, a test file at a time
+# (tests/conftest.py puts the longest files first): the suite waits on Ray, the database and
+# subprocesses about half the time, so the second worker fills the other core.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
 .PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
 
 $(STAMP): pyproject.toml
@@ -30,7 +35,7 @@ demo: $(STAMP) $(DASHBOARD)
 
 # Everything that needs no GPU and no fault injection: real Ray, SQLite, PostgreSQL, SeaweedFS, the SDK.
 test: $(STAMP) $(DASHBOARD)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q $(XDIST)
 
 # Faults injected into real work (runs, batches, merges, distills, webhook deliveries): killed
 # processes, a PostgreSQL restart, an S3 outage (12 tests, about 25 min on a shared, busy machine).

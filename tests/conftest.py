@@ -25,6 +25,7 @@ SESSION_DIR = Path(tempfile.mkdtemp(prefix="oft-"))
 RAY_SETTINGS = Settings(data_dir=SESSION_DIR / "ray-home")
 prepare_ray_environment(RAY_SETTINGS)
 
+ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The suite's deployments run unthrottled: tests (and fuzzers) make many quick calls from one key.
 # tests/serve_app/test_rate_limits.py deploys its own with limits on.
@@ -254,8 +255,50 @@ HEAVY_VARIANTS = {
 }
 
 
+# make test runs on two xdist workers, a file at a time (--dist loadfile --no-loadscope-reorder): the
+# files that take longest go first, so that the two workers end together instead of one waiting
+# out a long file started last. The rest keep their collection order.
+FIRST_FILES = (
+    "tests/bench/test_gpu_check.py",
+    "tests/serve_app/test_training_control.py",
+    "tests/serve_app/test_jobs_api.py",
+    "tests/serve_app/test_training_api.py",
+    "tests/worker/test_controller.py",
+    "tests/serve_app/test_upload_hardening.py",
+    "tests/test_cli.py",
+)
+
+
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in HEAVY_VARIANTS:
             item.add_marker(pytest.mark.heavy)
+    missing = [path for path in FIRST_FILES if not (ROOT / path).exists()]
+    assert not missing, f"FIRST_FILES names files that are gone: {missing}"
+    rank = {path: i for i, path in enumerate(FIRST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep their order
+
+
+# -- the fuzzers' summary (tests/fuzz/conftest.py `fuzz_report`) -----------------------------------
+# Kept here, in the conftest every process loads: under xdist the controller collects nothing, so
+# its summary is made of the lines each worker sends back when it ends.
+FUZZ_SUMMARY: list[str] = []
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuzz_summary"] = list(FUZZ_SUMMARY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    FUZZ_SUMMARY.extend(getattr(node, "workeroutput", {}).get("fuzz_summary", []))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FUZZ_SUMMARY:
+        terminalreporter.section("fuzz summary")
+        for line in FUZZ_SUMMARY:
+            terminalreporter.write_line(line)

@@ -20,12 +20,11 @@ from openft.settings import Settings
 from serve_app.app import create_app
 from serve_app.state import AppState
 from storage import keys
-from tests.conftest import Api, _new_pg_database, free_port
+from tests.conftest import FUZZ_SUMMARY, Api, _new_pg_database, free_port
 from tests.utils.polling import until
 
 FUZZ_ADMIN_KEY = "fuzz-admin-key-0123456789abcdef"
 ENVELOPE_KEYS = {"message", "type", "param", "code"}  # OpenAI's error object, every refusal's shape
-_REPORT: list[str] = []
 
 
 # The large profile accepts thousands of files into one account, past the per-account file limit
@@ -75,12 +74,6 @@ def stored_keys(state: AppState, account_id: str) -> set[str]:
 
 @pytest.fixture(scope="session")
 def fuzz_report():
-    """fuzz_report(line): a summary line printed after the run (case counts, durations)."""
-    return _REPORT.append
+    """fuzz_report(line): a summary line printed after the run (case counts, durations; tests/conftest.py)."""
+    return FUZZ_SUMMARY.append
 
-
-def pytest_terminal_summary(terminalreporter):
-    if _REPORT:
-        terminalreporter.section("fuzz summary")
-        for line in _REPORT:
-            terminalreporter.write_line(line)
