@@ -25,9 +25,10 @@ in the prose is parsed; a fact written in another form is not checked, so write 
   optionally after `GET`, `POST`, ... or `GET/DELETE`: a route of the app, read from the routers'
   decorators and serve_app/app.py's include_router calls (importing the app starts Ray's imports;
   tests/serve_app/test_surface.py checks this reading against the real app). `{x}` matches a path
-  parameter, a literal segment matches itself or a parameter; a path ending in `/` or `...`, or
-  named without a method, may be a prefix of routes (`/v1`, the base URL; `/v1/gridline/admin`),
-  one after a method names a route of that method. A batch's endpoint (serve_app/services/batches.py
+  parameter; a literal segment matches itself (in a URL, `http://...`, a parameter too:
+  `/accounts/alice`). A path ending in `/` or `...`, or named without a method, may be a prefix of
+  routes (`/v1`, the base URL; `/v1/gridline/admin`); one after a method names a route of that
+  method. A batch's endpoint (serve_app/services/batches.py
   `ENDPOINTS`) counts too: it is a value of a batch's lines.
 - Links: every relative link `[text](path#anchor)` resolves to a file, and an anchor to a heading
   of it (GitHub's slugs).
@@ -43,6 +44,7 @@ in the prose is parsed; a fact written in another form is not checked, so write 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
 import importlib.util
 import io
@@ -191,7 +193,8 @@ def test_the_settings_page_lists_every_setting_with_its_default_and_description(
     names = [name for name, _, _ in rows]
     assert len(names) == len(set(names)), "a setting listed twice in docs/settings.md"
     expected = {"OPENFT_" + f.upper(): f for f in Settings.model_fields}
-    assert set(names) == set(expected), f"missing: {sorted(set(expected) - set(names))}; not a setting: {sorted(set(names) - set(expected))}"
+    assert set(names) == set(expected), (f"missing: {sorted(set(expected) - set(names))}; "
+                                         f"not a setting: {sorted(set(names) - set(expected))}")
     for name, value, what in rows:
         field = expected[name]
         assert states_default(value, default_of(field)), f"{name}: {value!r}, but Settings has {default_of(field)!r}"
@@ -267,8 +270,6 @@ def test_every_openft_command_named_parses():
 # -- routes -----------------------------------------------------------------------------------------
 def router_routes(path: Path) -> set[tuple[str, str]]:
     """(method, path below the router's prefix) of every `@router.<method>("...")` in a routers module."""
-    import ast
-
     tree, prefix, routes = ast.parse(path.read_text()), "", set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "APIRouter":
@@ -284,24 +285,21 @@ def router_routes(path: Path) -> set[tuple[str, str]]:
 def app_routes() -> frozenset[tuple[str, str]]:
     """(method, path) of every route serve_app/app.py includes: `v1.include_router(m.router)` under
     v1's prefix, `app.include_router(m.router)` / `(m.router_for())` at the root."""
-    import ast
-
     tree, prefixes, routes = ast.parse((ROOT / "serve_app/app.py").read_text()), {"app": ""}, set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and getattr(node.value.func, "id", "") == "APIRouter":
+        if isinstance(node, ast.Assign) and getattr(getattr(node.value, "func", None), "id", "") == "APIRouter":
             prefixes[node.targets[0].id] = next(k.value.value for k in node.value.keywords if k.arg == "prefix")
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "include_router":
             parent, arg = node.func.value.id, node.args[0]
-            module = (arg.func if isinstance(arg, ast.Call) else arg).value.id if not isinstance(arg, ast.Name) else None
-            if module:  # a routers module; an included local router (v1) is counted through its own includes
-                routes |= {(m, prefixes[parent] + p) for m, p in router_routes(ROOT / f"serve_app/routers/{module}.py")}
+            if isinstance(arg, ast.Name):  # a local router (v1): its routes come through its own includes
+                continue
+            module = (arg.func if isinstance(arg, ast.Call) else arg).value.id
+            routes |= {(m, prefixes[parent] + p) for m, p in router_routes(ROOT / f"serve_app/routers/{module}.py")}
     return frozenset(routes)
 
 
 def batch_endpoints() -> tuple[str, ...]:
-    import ast
-
     for node in ast.parse((ROOT / "serve_app/services/batches.py").read_text()).body:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "ENDPOINTS":
             return ast.literal_eval(node.value)
@@ -315,10 +313,14 @@ ROUTE = re.compile(rf"(?:((?:{'|'.join(METHODS)})(?:/(?:{'|'.join(METHODS)}))*) 
 
 def route_pattern(path: str, kind: str, prefix: bool) -> re.Pattern:
     """A regex over the app's route templates for the path a page names (see the module docstring)."""
-    parts = []
+    parts, param = [], r"\{[^}/]+\}"
     for seg in path.strip("/").removesuffix("...").strip("/").split("/"):
-        param = r"\{[^}/]+\}"
-        parts.append(param if seg.startswith("{") else rf"(?:{re.escape(seg)}|{param})")
+        if seg.startswith("{"):
+            parts.append(param)
+        elif kind.startswith("http"):  # a URL to call: its segments may be values of parameters
+            parts.append(rf"(?:{re.escape(seg)}|{param})")
+        else:
+            parts.append(re.escape(seg))
     body = "/".join(parts)
     prefix = prefix or path.endswith(("/", "..."))
     return re.compile((r".*/" if kind == "..." else "/") + body + (r"(?:/.*)?" if prefix else "") + "$")
@@ -373,7 +375,7 @@ def test_every_relative_link_resolves():
 
 @cache
 def git_paths() -> tuple[frozenset[str], frozenset[str]]:
-    """(every tracked or new file git does not ignore, and every directory above one; the top-level directories)."""
+    """(every file git tracks or would track, and every directory above one; the top-level directories)."""
     listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
                             capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
     paths = set()
@@ -400,7 +402,8 @@ def test_every_repository_path_named_exists():
     assert len(found) >= 50, len(found)
     missing = sorted(p for p in found if p not in paths and p not in NOT_PATHS)
     if missing:  # build outputs (the dashboard's bundle, bench/out/...) are ignored, not missing
-        ignored = subprocess.run(["git", "check-ignore", "--no-index", *missing], cwd=ROOT, capture_output=True, text=True)
+        ignored = subprocess.run(["git", "check-ignore", "--no-index", *missing], cwd=ROOT,
+                                 capture_output=True, text=True)  # fmt: skip
         missing = sorted(set(missing) - set(ignored.stdout.split()))
     assert not missing, "no such file or directory:\n" + "\n".join(f"{found[p]}: {p}" for p in missing)
 
@@ -409,7 +412,8 @@ def test_the_readmes_map_has_a_row_per_top_level_directory():
     mapped = re.findall(r"^\| `([\w.-]+)/` \|", text(ROOT / "README.md"), re.M)
     assert len(mapped) == len(set(mapped))
     tops = {t for t in git_paths()[1] if not t.startswith(".")} - {"docs"}
-    assert set(mapped) == tops, f"missing from the map: {sorted(tops - set(mapped))}; not a directory: {sorted(set(mapped) - tops)}"
+    assert set(mapped) == tops, (f"missing from the map: {sorted(tops - set(mapped))}; "
+                                 f"not a directory: {sorted(set(mapped) - tops)}")
 
 
 # -- docs/tests.md ----------------------------------------------------------------------------------
@@ -426,12 +430,15 @@ def test_the_tests_page_names_every_test_target_and_what_ci_runs():
 
 def test_the_tests_pages_ci_report_is_what_the_report_prints(tmp_path):
     (tmp_path / "times").write_text("test 0 534\ntest-cluster 2 371\n")
+    case = '<testcase classname="{}" name="{}" time="{}"/>'.format
     (tmp_path / "test.xml").write_text(
-        '<testsuites><testsuite><testcase classname="tests.jobs.test_cap" name="test_two_accounts" time="61.2"/>'
-        '<testcase classname="tests.test_docs" name="test_every_route_named_exists" time="0.1"/></testsuite></testsuites>')
+        "<testsuites><testsuite>"
+        + case("tests.jobs.test_controller", "test_a_cancel_committed_during_a_start_pass_wins", 61.2)
+        + case("tests.test_docs", "test_every_route_named_exists", 0.1) + "</testsuite></testsuites>")
     (tmp_path / "test-cluster.xml").write_text(
-        '<testsuites><testsuite><testcase classname="tests.cluster.test_cluster" name="test_sdk_flow_per_node" '
-        'time="245.0"/></testsuite></testsuites>')
+        "<testsuites><testsuite>"
+        + case("tests.cluster.test_cluster", "test_results_on_the_cluster_are_byte_identical_to_one_node", 245.0)
+        + "</testsuite></testsuites>")
     spec = importlib.util.spec_from_file_location("ci_report", ROOT / ".ci/report.py")
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
