@@ -230,28 +230,30 @@ def options(parser: argparse.ArgumentParser) -> set[str]:
     return set(parser._option_string_actions)
 
 
+def helps(root: argparse.ArgumentParser, path: tuple[str, ...]) -> list[str]:
+    """`openft <path> --help` exits 0 (argparse formats the help of the command and of its subcommands)."""
+    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as exit_:
+        root.parse_args([*path, "--help"])
+    return [] if exit_.value.code == 0 else [f"openft {' '.join(path)} --help exits {exit_.value.code}"]
+
+
 def check_command(root: argparse.ArgumentParser, words: list[str], path: tuple[str, ...] = ()) -> list[str]:
     """What is wrong with `openft <path> <words>`: an unknown subcommand, an unknown option, a --help
-    that does not exit 0. Each `a|b` alternative is checked on its own."""
+    that does not exit 0 on the way. Each `a|b` alternative is checked on its own."""
     parser = root
     for name in path:
         parser = subcommands(parser)[name]
+    errors = helps(root, path)
     choices = subcommands(parser)
     if choices and words and not words[0].startswith(("-", "[")):
-        errors = []
         for name in words[0].split("|"):
             if name not in choices:
                 errors.append(f"openft {' '.join((*path, name))}: no such command (choices: {', '.join(choices)})")
             else:
                 errors += check_command(root, words[1:], (*path, name))
         return errors
-    errors = [f"openft {' '.join(path)}: no option {o}" for w in words
-              for o in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", w) if o not in options(parser)]  # fmt: skip
-    with contextlib.redirect_stdout(io.StringIO()), pytest.raises(SystemExit) as exit_:
-        root.parse_args([*path, "--help"])
-    if exit_.value.code != 0:
-        errors.append(f"openft {' '.join(path)} --help exits {exit_.value.code}")
-    return errors
+    return errors + [f"openft {' '.join(path)}: no option {o}" for w in words
+                     for o in re.findall(r"(?<![\w-])(--[a-z][\w-]*)", w) if o not in options(parser)]  # fmt: skip
 
 
 def test_every_openft_command_named_parses():
