@@ -32,7 +32,8 @@ demo: $(STAMP) $(DASHBOARD)
 test: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/python -m pytest -q
 
-# Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 11 min here).
+# Faults injected into real work (runs, batches, merges, distills, webhook deliveries): killed
+# processes, a PostgreSQL restart, an S3 outage (12 tests, about 25 min on a shared, busy machine).
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 

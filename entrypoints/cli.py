@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from entrypoints.ray_runtime import deploy_api, start_ray
 
-    from train.controller import ensure_controller
+    from worker.controller import ensure_controller
 
     context = start_ray(settings, host=args.host)
     if status := _check_cluster(settings):
@@ -96,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _keep_controller(settings: Settings, controller, stop: threading.Event) -> None:
     """The controller actor restarts itself after a crash; one that is gone for good (killed with
     no restart, or lost with its node) is started again here."""
-    from train.controller import ensure_controller
+    from worker.controller import ensure_controller
 
     while not stop.wait(CONTROLLER_CHECK_S):
         try:

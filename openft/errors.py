@@ -139,3 +139,33 @@ def unknown_parameter(key: str, parent: str | None = None) -> InvalidRequest:
         )
     param = f"{parent}.{key}" if parent else key
     return InvalidRequest(f"{param} is not a parameter of this API; remove it.", code="unknown_parameter", param=param)
+
+
+# -- a run's failures ------------------------------------------------------------------------------
+# The reference's job error codes that training itself (tokenization included) can produce.
+ERROR_CODES = (
+    "invalid_row",
+    "template_mismatch",
+    "context_too_long",
+    "time_limit_exceeded",
+    "platform_interrupted",
+    "adapter_too_large",
+    "training_failed",
+)
+
+
+class TrainingError(Exception):
+    """A failure the job records as `error = {code, message}`; the message never holds row content."""
+
+    def __init__(self, code: str, message: str):
+        if code not in ERROR_CODES:
+            raise ValueError(f"TrainingError code {code!r} is not one of: {', '.join(ERROR_CODES)}")
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __reduce__(self):
+        return (TrainingError, (self.code, self.message))

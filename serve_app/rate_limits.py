@@ -35,12 +35,12 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, AsyncIterator
 
-from jobs.transitions import lock_account
 from openft.errors import RateLimited
 from openft.settings import Settings
 from serve_app.state import AppState
 from storage import rate_limits as repo
 from storage.db import Database
+from storage.leases import lock_account
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session

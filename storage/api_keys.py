@@ -14,6 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from openft.ids import new_id
+from storage import paging
 from storage.models import Account, ApiKey
 
 KEY_PREFIX = "sk-openft-"
@@ -69,11 +70,7 @@ def list_keys(session: Session, account_id: str, *, limit: int, after: str | Non
     """The account's keys that are not revoked, newest first; `after` is the last id of the previous page."""
     query = select(ApiKey).where(ApiKey.account_id == account_id, ApiKey.revoked_at.is_(None))
     cursor = session.scalar(query.where(ApiKey.id == after)) if after else None
-    if cursor is not None:
-        query = query.where((ApiKey.created_ns < cursor.created_ns)
-                            | ((ApiKey.created_ns == cursor.created_ns) & (ApiKey.id < cursor.id)))
-    rows = session.scalars(query.order_by(ApiKey.created_ns.desc(), ApiKey.id.desc()).limit(limit + 1)).all()
-    return rows[:limit], len(rows) > limit
+    return paging.page(session, query, ApiKey, cursor, limit)
 
 
 def count_keys(session: Session, account_id: str, now: int) -> int:

@@ -97,7 +97,7 @@ class Job(Base):
     training_file: Mapped[str] = mapped_column(String(40))
     validation_file: Mapped[str | None] = mapped_column(String(40), nullable=True)
     seed: Mapped[int] = mapped_column(BigInteger)
-    # The normalized create request (serve_app.services.job_params.JobSpec) the trainer reads.
+    # The normalized create request (jobs/spec.py JobSpec) the trainer reads.
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     job_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
     user_provided_suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -114,13 +114,15 @@ class Job(Base):
     # The status a paused job had: it resumes there, and holds the account's slot unless it was waiting.
     paused_from: Mapped[str | None] = mapped_column(String(24), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Distill leases taken on a distill-shortcut job (storage/leases.py: a distill's attempts, not a run's).
+    distill_attempts: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     # What the job was charged once it ended under billing (storage/billing.py settle); shown as gridline.charge.
     charge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # When the reaper deleted the run's copies (tokenized shards it alone used, checkpoints).
     copies_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # The run driving the job (jobs/transitions.py): set when a run starts, renewed by its heartbeat,
-    # cleared when it stops. A lease that expires is a lost run, whatever its status says.
+    # The run (or, while the job distills, the distiller) driving the job (storage/leases.py): set when
+    # it starts, renewed by its heartbeat, cleared when it stops. A lease that expires is lost work.
     lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The last time the run wrote an event or metrics: the stall watchdog reads it.
@@ -210,6 +212,9 @@ class Merge(Base):
     # When the export's objects were deleted; null on a deleted or expired export means a storage
     # delete is still owed (the worker retries it).
     purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The worker running the merge (storage/leases.py): set at claim, renewed, cleared at its end.
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class LedgerEntry(Base):

@@ -222,7 +222,7 @@ def controller(training_api: Api):
     """The real job controller actor for the training deployment."""
     import ray
 
-    from train.controller import start_controller
+    from worker.controller import start_controller
 
     handle = start_controller(training_api.settings, name=f"controller-{uuid.uuid4().hex[:6]}")
     yield handle
@@ -250,7 +250,7 @@ def redeploy(api: Api, port: int) -> Api:
 HEAVY_VARIANTS = {
     "tests/serve_app/test_jobs_api.py::test_jobs_survive_a_restart[sqlite]",
     "tests/serve_app/test_files_api.py::test_files_survive_a_restart[sqlite]",
-    "tests/jobs/test_controller.py::test_one_pass_starts_one_run_for_two_accounts_under_the_default_cap[sqlite]",
+    "tests/worker/test_controller.py::test_one_pass_starts_one_run_for_two_accounts_under_the_default_cap[sqlite]",
 }
 
 

@@ -435,7 +435,7 @@ def test_the_tests_pages_ci_report_is_what_the_report_prints(tmp_path):
     case = '<testcase classname="{}" name="{}" time="{}"/>'.format
     (tmp_path / "test.xml").write_text(
         "<testsuites><testsuite>"
-        + case("tests.jobs.test_controller", "test_a_cancel_committed_during_a_start_pass_wins", 61.2)
+        + case("tests.worker.test_controller", "test_a_cancel_committed_during_a_start_pass_wins", 61.2)
         + case("tests.test_docs", "test_every_route_named_exists", 0.1) + "</testsuite></testsuites>")
     (tmp_path / "test-cluster.xml").write_text(
         "<testsuites><testsuite>"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
-from jobs.transitions import lock_account
 from openft.errors import Conflict, InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
 from openft.ids import new_id
 from serve_app.schemas.common import Page
@@ -31,6 +30,7 @@ from serve_app.schemas.webhooks import (
 from serve_app.services.paging import check_limit, page_of
 from serve_app.state import AppState
 from storage import webhooks as repo
+from storage.leases import lock_account
 from storage.models import Account
 from storage.models import WebhookEndpoint as EndpointRow
 from webhooks import events, signing, targets

@@ -351,7 +351,7 @@ def test_files_are_recorded_all_or_none(limits_api):
     deletes every object when it refuses."""
     from openft.ids import file_id
     from pipelines.validate import FileStats
-    from serve_app.services.files_upload import NewFile, record_files
+    from files.record import NewFile, record_files
     from serve_app.state import AppState
     from storage.models import Account
 
@@ -367,7 +367,7 @@ def test_files_are_recorded_all_or_none(limits_api):
             new.append(NewFile(file_id=fid, key=f"files/{account_id}/{fid}", filename="t.jsonl", purpose="fine-tune",
                                size=len(GOOD), sha256="0" * 64, stats=FileStats(rows=30)))
         with pytest.raises(RateLimited) as info:
-            record_files(state, account, new)
+            record_files(state, account.id, new)
         assert (info.value.code, info.value.param) == ("limit_exceeded", "file")
         assert _stored_keys(limits_api, account_id) == []
         _objects_match_rows(limits_api, account_id)

@@ -14,7 +14,7 @@ from storage.db import Database
 from storage.models import Job, JobEvent
 from storage.objects import open_object_store
 from tests.factories import db_account, db_create_job, db_training_file
-from train.registration import NOT_SERVABLE_ADVICE, register
+from jobs.registration import NOT_SERVABLE_ADVICE, register
 from train.parity import decide
 
 

@@ -33,6 +33,7 @@ class Receiver:
     secret: str | None = None
     answers: list[int] = field(default_factory=list)  # answered in order; 200 once it runs out
     delay_s: float = 0.0  # how long each answer takes
+    delays: list[float] = field(default_factory=list)  # the first answers' delays, in order; then delay_s
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     server: ThreadingHTTPServer | None = None
@@ -56,8 +57,9 @@ class Receiver:
                 with receiver.lock:
                     receiver.received.append(Received(time.time(), self.path, headers, body, event, error))
                     code = receiver.answers.pop(0) if receiver.answers else 200
-                if receiver.delay_s:
-                    time.sleep(receiver.delay_s)
+                    delay = receiver.delays.pop(0) if receiver.delays else receiver.delay_s
+                if delay:
+                    time.sleep(delay)
                 try:
                     self.send_response(code)
                     self.send_header("content-length", "2")

@@ -4,7 +4,7 @@ signing secrets are stored sealed from now on: their columns widen (PostgreSQL; 
 enforce a length), and each API replica's start seals the ones stored before (webhooks/secrets.py).
 
 Revision ID: 0012
-Revises: 0010
+Revises: 0011
 """
 
 import secrets
@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0012"
-down_revision = "0010"
+down_revision = "0011"
 branch_labels = None
 depends_on = None
 

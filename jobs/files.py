@@ -2,19 +2,19 @@
 the base's chat template over every row.
 
 Where it sits: job create (serve_app/services/fine_tuning_jobs.py) runs `check_files` in the
-request; the distill shortcut (serve_app/services/distill.py `distill_job`) runs the same checks
-on the files it derived, on a controller thread, and turns a refusal into the job's failure.
+request; the distill shortcut (jobs/distilling.py `distill_job`) runs the same checks on the files
+it derived, on a worker thread, and turns a refusal into the job's failure.
 """
 
 from __future__ import annotations
 
 from catalog.bases import get_base
+from jobs.params import FileFacts, check_job_files, file_not_found
+from jobs.quote import Quote, quote_job
 from jobs.spec import JobSpec
 from pipelines.create_checks import check_file_for_base
-from serve_app.services.job_params import FileFacts, check_job_files, file_not_found
-from serve_app.services.quote import Quote, quote_job
-from serve_app.state import AppState
 from storage import files as files_repo
+from storage.context import Context
 from storage.models import File
 
 
@@ -27,7 +27,7 @@ def file_facts(row: File) -> FileFacts:
     )
 
 
-def job_files(state: AppState, account_id: str, spec: JobSpec) -> tuple[File, File | None]:
+def job_files(state: Context, account_id: str, spec: JobSpec) -> tuple[File, File | None]:
     """The spec's training and validation rows of the account; `file_not_found` for a missing one."""
     with state.db.session() as session:
         training = files_repo.get_file(session, account_id, spec.training_file)
@@ -39,7 +39,7 @@ def job_files(state: AppState, account_id: str, spec: JobSpec) -> tuple[File, Fi
     return training, validation
 
 
-def check_files(state: AppState, spec: JobSpec, training: File, validation: File | None) -> Quote:
+def check_files(state: Context, spec: JobSpec, training: File, validation: File | None) -> Quote:
     """Every admission rule on the files (raising its refusal), then the quote."""
     facts = file_facts(validation) if validation is not None else None
     check_job_files(spec, file_facts(training), facts)

@@ -1,4 +1,4 @@
-"""Batches in the real controller (`JobController`, in-process, real Ray for the cluster's
+"""Batches in the real controller (`Controller`, in-process, real Ray for the cluster's
 resources, scripted training runs): a running job's capacity is not taken by a batch, and a batch
 cancelled while it waits is closed by the next pass anyway (closing takes no capacity)."""
 
@@ -10,9 +10,9 @@ from batches import transitions
 from tests.batches.test_lifecycle import World
 from tests.factories import db_account, db_create_job, db_training_file
 from tests.jobs.conftest import backend  # noqa: F401 (the fixture)
-from tests.jobs.runs import ScriptedRuns
 from tests.utils.polling import until
-from train.controller import JobController
+from tests.worker.runs import ScriptedRuns
+from worker.controller import Controller
 
 
 def test_a_running_job_keeps_its_capacity_and_a_waiting_cancel_is_closed(backend, ray_cluster):  # noqa: F811
@@ -20,7 +20,7 @@ def test_a_running_job_keeps_its_capacity_and_a_waiting_cancel_is_closed(backend
     world = World(settings, db)
     account = db_account(db)
     job_id = db_create_job(db, account, db_training_file(db, account))
-    ctl = JobController(settings, runs=ScriptedRuns(steps=400, step_s=0.02))
+    ctl = Controller(settings, runs=ScriptedRuns(steps=400, step_s=0.02))
     try:
         assert ctl.tick() == [job_id]
         owner = world.account()

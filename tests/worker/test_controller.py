@@ -1,6 +1,6 @@
 """The job controller's defects from issue 11, each reached through the real controller
-(`JobController`, in-process, real Ray for the cluster's resources) on SQLite and PostgreSQL, with
-scripted runs (tests/jobs/runs.py) in place of Ray Train: the cap within one pass and across
+(`Controller`, in-process, real Ray for the cluster's resources) on SQLite and PostgreSQL, with
+scripted runs (tests/worker/runs.py) in place of Ray Train: the cap within one pass and across
 passes, the cluster's capacity, the 24-hour wait clock, a cancel racing a start, a dead run thread,
 two controllers on one database, a stalled run, the time limit from the run's start, and lost
 workers. Real Ray Train runs of the same paths are in tests/faults."""
@@ -16,9 +16,9 @@ from sqlalchemy import func, select
 from jobs import scheduling, transitions
 from storage.models import Job, JobEvent
 from tests.factories import db_account, db_create_job, db_training_file
-from tests.jobs.runs import ScriptedRuns
 from tests.utils.polling import until
-from train.controller import JobController
+from tests.worker.runs import ScriptedRuns
+from worker.controller import Controller
 
 DAY = 86400
 
@@ -57,10 +57,10 @@ def apply(db, move, job_id: str) -> transitions.Moved:
 
 @pytest.fixture
 def controllers():
-    made: list[JobController] = []
+    made: list[Controller] = []
 
-    def make(settings, runs, **kw) -> JobController:
-        ctl = JobController(settings, runs=runs, **kw)
+    def make(settings, runs, **kw) -> Controller:
+        ctl = Controller(settings, runs=runs, **kw)
         made.append(ctl)
         return ctl
 
@@ -166,12 +166,12 @@ def test_a_run_whose_thread_died_is_requeued_at_the_next_pass(backend, controlle
     _, job_id = new_job(db)
     dying = ScriptedRuns(steps=3, crash=True)
     ctl = controllers(settings, dying)
-    ctl._end = lambda run, result: (_ for _ in ()).throw(SystemExit())  # the thread dies recording its end
+    ctl.runs_work._end = lambda run, result: (_ for _ in ()).throw(SystemExit())  # the thread dies recording its end
     assert ctl.tick() == [job_id]
     until(lambda: not ctl.runs[job_id][1].is_alive(), "the run thread's death")
     assert row(db, job_id).status == "running"  # its lease is still set: nothing else has noticed
     ctl.executor = ScriptedRuns(steps=3)
-    del ctl._end
+    del ctl.runs_work._end
     assert ctl.reconcile() == [job_id]
     assert (row(db, job_id).status, row(db, job_id).lease_owner) == ("queued", None)
     assert until(lambda: ctl.tick(), "the retry's start") == [job_id]
@@ -275,6 +275,7 @@ def test_a_run_that_is_not_the_leaseholder_writes_nothing(backend, controllers, 
     runs = ScriptedRuns(steps=2000, step_s=0.01)
     ctl = controllers(settings, runs)
     assert ctl.tick() == [job_id]
+    until(lambda: runs.launched, "the run's launch")  # displaced once it runs, not before it read its ticket
     with db.session() as session:  # another controller's reconcile and start, as the lease decides
         job = transitions.lock_job(session, job_id)
         job.lease_owner = "ctl-other.run"

@@ -16,8 +16,8 @@ from openai.types.fine_tuning import (
     SupervisedMethod,
 )
 
+from jobs.params import JobSpec, check_job_files, eval_rows_for, parse_create_request
 from openft.errors import InvalidRequest
-from serve_app.services.job_params import JobSpec, check_job_files, eval_rows_for, parse_create_request
 
 from tests.factories import reinforcement_method
 

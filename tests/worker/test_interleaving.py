@@ -1,7 +1,7 @@
 """Random interleavings of the API's requests against the running controller, on PostgreSQL.
 
 200 random creates, cancels, pauses and resumes over 3 accounts, while the real controller's loop
-(`JobController(..., loop=True)`) schedules and drives scripted runs (tests/jobs/runs.py), billing
+(`Controller(..., loop=True)`) schedules and drives scripted runs (tests/worker/runs.py), billing
 on. After every step, in one snapshot of the database: no account has two runs or two jobs in its
 slot, the cap is never exceeded, no accepted cancel is lost, every ended job ended once and stays
 ended, and the ledger balances (a hold per started job, released once it ends, a charge only for a
@@ -21,8 +21,8 @@ from sqlalchemy import select
 from jobs import transitions
 from storage.models import FineTunedModel, Job, JobEvent, LedgerEntry
 from tests.factories import db_account, db_create_job, db_training_file
-from tests.jobs.runs import ScriptedRuns
-from train.controller import JobController
+from tests.worker.runs import ScriptedRuns
+from worker.controller import Controller
 
 OPS = 200
 CAP = 2
@@ -85,7 +85,7 @@ def test_random_requests_against_the_running_controller_keep_every_invariant(pos
     settings, db = postgres(max_concurrent_runs=CAP, train_worker_resources={}, billing_enabled=True)
     accounts = [db_account(db, open_jobs=3, deposit_usd="1000.00") for _ in range(3)]
     files = {a: db_training_file(db, a) for a in accounts}
-    ctl = JobController(settings, runs=ScriptedRuns(steps=8, step_s=0.03), loop=True)
+    ctl = Controller(settings, runs=ScriptedRuns(steps=8, step_s=0.03), loop=True)
     rng, model, jobs, done = random.Random(seed), Model(), [], Counter()
     try:
         for i in range(OPS):

@@ -1,8 +1,8 @@
 """The `integrations` of a job create body: OpenAI's `wandb` type and our `mlflow` extension,
 validated and normalized into the wire form the job object returns and the job spec stores.
 
-Where it sits: `serve_app/services/job_params.parse_create_request` calls `parse_integrations`;
-the jobs service calls `check_available` with the server's settings; the job object returns the
+Where it sits: jobs/params.py `parse_create_request` calls `parse_integrations`; job create
+(serve_app/services/fine_tuning_jobs.py) calls `check_available` with the server's settings; the job object returns the
 stored wire form as it is (openai-python parses it as `FineTuningJobWandbIntegrationObject`);
 the forwarder (train/integrations/forwarder.py) reads it back typed with `from_wire`. Pure functions.
 

@@ -1,9 +1,10 @@
 """The create body of `POST /v1/fine_tuning/jobs` as a normalized `JobSpec`, and the file-level
 admission rules a job's files must pass.
 
-Where it sits: the jobs service calls `parse_create_request` on the JSON body, looks the named
-files up (a missing or foreign file is `file_not_found`), runs `check_job_files` on what the files
-table records, then `quote.quote_job`. Pure functions: no HTTP, database or Ray.
+Where it sits: job create (serve_app/services/fine_tuning_jobs.py) calls `parse_create_request` on
+the JSON body, looks the named files up (jobs/files.py: a missing or foreign file is
+`file_not_found`), runs `check_job_files` on what the files table records, then jobs/quote.py
+`quote_job`. Pure functions: no HTTP, database or Ray.
 
 Decisions (not fixed by the reference):
 - Every refusal is `InvalidRequest` (400) with `param` the dotted path the caller used
@@ -13,7 +14,7 @@ Decisions (not fixed by the reference):
   `missing_required_parameter`, `invalid_value` (wrong type or out of range: a string where a
   number is expected is `invalid_value`, as is `true` for an integer), `model_not_available`
   (from the catalog), `unsupported_method` (reinforcement, param `method.type`),
-  `unsupported_parameter` (a credential in `integrations`; train/integrations/spec.py has their rules),
+  `unsupported_parameter` (a credential in `integrations`; jobs/integrations.py has their rules),
   `conflicting_parameters` (hyperparameters in both places, `learning_rate` with a multiplier,
   `method.dpo` settings on a supervised method), `file_not_found`, `invalid_file_purpose`,
   `file_not_ready`, `invalid_file_format`.
@@ -33,10 +34,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from catalog.bases import BASES, BaseModelSpec, get_base
-from openft.errors import InvalidRequest, unknown_parameter
+from jobs.integrations import parse_integrations
 from jobs.spec import JobSpec
+from openft.errors import InvalidRequest, unknown_parameter
 from openft.holdout import holdout_size
-from train.integrations.spec import parse_integrations
+from openft.limits import FINE_TUNE_FILE_BYTES, MIB
 
 CREATE_FIELDS = frozenset(
     {"model", "training_file", "validation_file", "hyperparameters", "method", "seed", "metadata", "suffix", "integrations"}
@@ -58,7 +60,6 @@ METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 SUFFIX_CHARS = 64
 
 ROW_KIND = {"supervised": "chat", "dpo": "preference"}
-MAX_FILE_BYTES = 64 * 1024 * 1024
 MIN_TRAINING_ROWS = 10
 
 
@@ -348,9 +349,10 @@ def _check_file(spec: JobSpec, param: str, facts: FileFacts) -> None:
         )
     if facts.status != "processed":
         raise _invalid(f"{param} is still being validated; create the job once its status is processed.", param, "file_not_ready")
-    if facts.bytes > MAX_FILE_BYTES:
+    if facts.bytes > FINE_TUNE_FILE_BYTES:
         raise _invalid(
-            f"{param} is {facts.bytes / 2**20:.1f} MiB; a job's training and validation files are each at most 64 MiB. "
+            f"{param} is {facts.bytes / MIB:.1f} MiB; a job's training and validation files are each at most "
+            f"{FINE_TUNE_FILE_BYTES // MIB} MiB. "
             "Split the data or drop rows.",
             param,
             "invalid_file_format",

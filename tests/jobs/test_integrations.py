@@ -1,14 +1,14 @@
-"""The integrations' create-time rules (train/integrations/spec.py), without a server."""
+"""The integrations' create-time rules (jobs/integrations.py), without a server."""
 
 from __future__ import annotations
 
 import pytest
 
-from openft.errors import InvalidRequest
-from openft.settings import Settings
-from train.integrations.spec import (
+from jobs.integrations import (
     MlflowIntegration, WandbIntegration, check_available, from_wire, parse_integrations,
 )
+from openft.errors import InvalidRequest
+from openft.settings import Settings
 
 
 def test_wandb_is_returned_in_openai_shape_with_nulls_filled():

@@ -1,7 +1,7 @@
 """A run that trains nothing but speaks the real run protocol, for tests of the controller's
 scheduling, leases and supervision that would otherwise need hundreds of Ray Train starts.
 
-It is the seam `JobController(runs=...)` takes; everything around it is real: the controller, the
+It is the seam `Controller(runs=...)` takes; everything around it is real: the controller, the
 transitions, the database, the ledger, and the run's side of the protocol (`DBReporter`: metrics
 that stamp progress, control polls that prove the lease). A scripted run steps `steps` times,
 stops on `cancel`, `lost` and `pause` as the training loop does, and on success writes an adapter

@@ -3,26 +3,26 @@
 
 Uploads and distillations call `check` before they read a byte (a full account is refused at
 once), uploads stop streaming once the file alone would pass the byte limit, and
-`files_upload.record_files` calls `check_locked` again under the account's row lock as it
+files/record.py `record_files` calls `check_locked` again under the account's row lock as it
 inserts the rows, so that concurrent uploads of one account cannot pass the limit together.
 Every live row of the files table counts, whatever wrote it: uploads, distilled files, and job
-results files (train/registration.py), which are never refused, since their run is already done.
+results files (jobs/registration.py), which are never refused, since their run is already done.
 """
 
 from __future__ import annotations
 
 from sqlalchemy.orm import Session
 
-from jobs.transitions import lock_account
 from openft.errors import RateLimited
 from openft.settings import Settings
-from serve_app.state import AppState
+from storage.context import Context
 from storage.files import live_usage
+from storage.leases import lock_account
 
 _FREE_UP = "Delete files you no longer need (DELETE /v1/files/{file_id}) and try again."
 
 
-def usage(state: AppState, account_id: str) -> tuple[int, int]:
+def usage(state: Context, account_id: str) -> tuple[int, int]:
     """(files, bytes) the account holds now, read without a lock."""
     with state.db.session() as session:
         return live_usage(session, account_id, state.now())

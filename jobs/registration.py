@@ -1,5 +1,11 @@
-"""Registering a trained adapter as an `ft:` model: size and format checks, the account's model
-quota, the model name, the results CSV. A job is `succeeded` only after its adapter is stored."""
+"""A job's success: registering its trained adapter as an `ft:` model (size and format checks, the
+account's model quota, the model name, the results CSV) and ending the job `succeeded`, in one
+transaction. A job is `succeeded` only after its adapter is stored.
+
+Where it sits: the worker's run supervision (worker/runs.py) calls `succeed` once a run finished
+training and the serving-parity check ran; it proves the run's lease like every transition
+(jobs/transitions.py), so a run that lost its job registers nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +13,26 @@ import csv
 import hashlib
 import io
 import time
+from dataclasses import dataclass
 
 import orjson
+from sqlalchemy.orm import Session
 
 from catalog.bases import get_base
+from jobs import transitions
 from jobs.limits import check_model_quota
 from jobs.model_names import model_name
 from openft.ids import file_id as new_file_id
+from openft.limits import ADAPTER_BYTES, MIB
+from openft.settings import Settings
+from storage import jobs as jobs_repo
 from storage import keys
 from storage.jobs import add_event
-from storage.models import Account, File, FineTunedModel, Job
 from storage.keys import ADAPTER_FILES
+from storage.leases import LeaseLost
+from storage.models import Account, File, FineTunedModel, Job
 from storage.objects import ObjectStore
 
-ADAPTER_LIMIT_BYTES = {"supervised": 383 * 1024 * 1024, "dpo": 128 * 1024 * 1024}
-MODEL_QUOTA = 100
 RESULTS_COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy")
 # What a person can do about each reason a model is registered not servable (the parity check's
 # codes, train/parity.py; a download-only base has no code).
@@ -49,12 +60,12 @@ def check_adapter(store: ObjectStore, prefix: str, method_type: str) -> dict[str
     for name in ADAPTER_FILES:
         data = store.get_bytes(f"{prefix}/{name}")
         files[name] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-    limit = ADAPTER_LIMIT_BYTES[method_type]
+    limit = ADAPTER_BYTES[method_type]
     if files["adapter_model.safetensors"]["bytes"] > limit:
         raise RegistrationError(
             "adapter_too_large",
-            f"The adapter is {files['adapter_model.safetensors']['bytes'] / 2**20:.0f} MiB, over the "
-            f"{limit // 2**20} MiB limit for this method. Lower lora_rank.",
+            f"The adapter is {files['adapter_model.safetensors']['bytes'] / MIB:.0f} MiB, over the "
+            f"{limit // MIB} MiB limit for this method. Lower lora_rank.",
         )
     config = orjson.loads(store.get_bytes(f"{prefix}/adapter_config.json"))
     plain = (
@@ -78,9 +89,15 @@ def results_csv(rows: list[dict]) -> bytes:
     return out.getvalue().encode()
 
 
+def results_rows(session: Session, job_id: str) -> list[dict]:
+    """The results CSV's rows: every metrics event with a step and a training loss, oldest first."""
+    events, _ = jobs_repo.list_events(session, job_id, limit=100_000, after=None)
+    return [{column: event.data.get(column) for column in RESULTS_COLUMNS} for event in reversed(events)
+            if event.type == "metrics" and event.data and "step" in event.data and "train_loss" in event.data]
+
+
 def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter_prefix: str, now: int,
-             metrics_rows: list[dict], retention_days: int, default_models_limit: int = MODEL_QUOTA,
-             parity: dict | None = None) -> FineTunedModel:
+             metrics_rows: list[dict], settings: Settings, parity: dict | None = None) -> FineTunedModel:
     """Inside the caller's transaction: store the results file, register the model, update the job.
 
     `parity` is train/parity.py's outcome (`servable`, `reason`, `parity` figures), None when the
@@ -89,7 +106,7 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
     download-only base: the reference keeps it null "until the adapter is servable"."""
     account = session.get(Account, job.account_id)
     files = check_adapter(store, adapter_prefix, method_type)
-    over = check_model_quota(session, job, default_models_limit)
+    over = check_model_quota(session, job, settings)
     if over is not None:
         held, quota = over
         raise RegistrationError(
@@ -111,7 +128,8 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
     csv_bytes = results_csv(metrics_rows)
     results = File(
         id=new_file_id(), account_id=account.id, filename=f"{job.id}-results.csv", purpose="fine-tune-results",
-        bytes=len(csv_bytes), created_at=now, created_ns=time.time_ns(), expires_at=now + retention_days * 86400,
+        bytes=len(csv_bytes), created_at=now, created_ns=time.time_ns(),
+        expires_at=now + settings.file_retention_days * 86400,
         status="processed", sha256=hashlib.sha256(csv_bytes).hexdigest(), object_key=keys.results_file(account.id, job.id),
         stats={},
     )
@@ -129,3 +147,34 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
     if parity is not None:
         job.fine_tuned_adapter["parity"] = parity["parity"]
     return model
+
+
+@dataclass(frozen=True)
+class Registered:
+    """What the run's metrics record once the success is committed."""
+
+    model: str  # the base
+    first_step_s: float | None
+    trained_tokens: int | None
+
+
+def succeed(session: Session, store: ObjectStore, settings: Settings, job_id: str, owner: str, now: int, *,
+            result: dict, trained_tokens: int | None, method_type: str, parity: dict | None) -> Registered | None:
+    """The success transaction of a job whose run (`owner`) finished training: the result, the
+    adapter registered, "Training finished." and `succeeded` (its charge settled), or, when
+    registration refuses the adapter (a quota, an invalid adapter), the job failed with that code
+    and None. Raises LeaseLost when `owner` no longer holds the job: then nothing is written."""
+    job = transitions.owned(session, job_id, owner)
+    if job is None:
+        raise LeaseLost()
+    job.result, job.trained_tokens = result, trained_tokens
+    try:
+        register(session, store, job, method_type=method_type, adapter_prefix=keys.adapter(job.id).rstrip("/"),
+                 now=now, metrics_rows=results_rows(session, job.id), settings=settings, parity=parity)
+    except RegistrationError as exc:
+        transitions.run_refused(session, job, owner, now, exc.code, exc.message)
+        return None
+    first_step_s = jobs_repo.first_step_seconds(session, job.id)
+    jobs_repo.add_event(session, job.id, now, "Training finished.", type="metrics", data=job.result)
+    transitions.run_succeeded(session, job, owner, now)
+    return Registered(job.model, first_step_s, job.trained_tokens)

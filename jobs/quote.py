@@ -1,8 +1,8 @@
 """The job's quote (`gridline.quote`) and the 2-hour admission rule (`job_too_large`).
 
-Where it sits: the jobs service calls `quote_job` after `job_params.check_job_files`; the quote is
-stored on the job and returned in the create response. Pure: the price table comes in as an
-argument (from `Settings`).
+Where it sits: jobs/files.py `check_files` calls `quote_job` after jobs/params.py
+`check_job_files`; the quote is stored on the job and returned in the create response. Pure: the
+price table comes in as an argument (from `Settings`).
 
 Timing model (conservative, as the reference's "Limits" asks):
 - A base trains `fit_tokens[adapter] / 7200` tokens per second: the catalog's fit is what the
@@ -30,9 +30,10 @@ from typing import Literal
 from pydantic import BaseModel
 
 from catalog.bases import BaseModelSpec, get_base
+from jobs.params import FileFacts, eval_rows_for
+from jobs.spec import JobSpec
 from openft.errors import InvalidRequest
 from openft.pricing import PriceTable
-from serve_app.services.job_params import FileFacts, JobSpec, eval_rows_for
 
 # The catalog's `fit_tokens` are the tokens a base trains in this many seconds: a speed, not the limit.
 FIT_SECONDS = 7200
