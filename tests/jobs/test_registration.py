@@ -10,6 +10,7 @@ import orjson
 import pytest
 from sqlalchemy import select
 
+from openft.settings import Settings
 from storage.db import Database
 from storage.models import Job, JobEvent
 from storage.objects import open_object_store
@@ -22,11 +23,11 @@ from train.parity import decide
 def env(tmp_path):
     db = Database(f"sqlite:///{tmp_path / 'openft.db'}")
     store = open_object_store(f"file://{tmp_path / 'objects'}")
-    yield db, store
+    yield db, store, Settings(data_dir=tmp_path)
     db.dispose()
 
 
-def _register(db, store, parity):
+def _register(db, store, settings, parity):
     account = db_account(db)
     job_id = db_create_job(db, account, db_training_file(db, account))
     prefix = f"runs/{job_id}/adapter"
@@ -35,7 +36,7 @@ def _register(db, store, parity):
     with db.session() as session:
         job = session.get(Job, job_id)
         register(session, store, job, method_type="supervised", adapter_prefix=prefix, now=int(time.time()),
-                 metrics_rows=[], retention_days=30, parity=parity)
+                 metrics_rows=[], settings=settings, parity=parity)
     with db.session() as session:
         job = session.get(Job, job_id)
         events = session.scalars(select(JobEvent).where(JobEvent.job_id == job_id).order_by(JobEvent.seq)).all()
