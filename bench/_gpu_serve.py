@@ -189,7 +189,7 @@ def _run_vllm(ctx: Ctx, python: str, adapters, requests, reference: dict) -> dic
 
 def stage_parity(ctx: Ctx) -> dict:
     """train/parity.py's check of the SFT adapter in bf16 (fp32 on CPU): how far the merged and the
-    served paths are from the training-time model, against the README's GPU tolerance (0.5)."""
+    served paths are from the training-time model, against docs/batches.md's GPU tolerance (0.5)."""
     from bench.train_throughput import chat_rows
     from storage.objects import open_object_store
     from train.parity import ParityRequest, run_parity

@@ -228,7 +228,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(settings, host=args.host, port=args.port)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every `openft` command, the operator's and the users' (tests/test_docs.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(prog="openft", description="OpenAI-compatible fine-tuning on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -292,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     from entrypoints.user_cli import add_user_commands
 
     add_user_commands(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

@@ -12,7 +12,7 @@ head that is not HTTP) in OpenAI's envelope the moment a limit is passed, closin
 before the rest is read.
 
 `openft serve` sets the variable (`start_ray`) for the local Ray it starts, whose processes inherit
-it; a cluster joined at RAY_ADDRESS needs it in the head node's environment (README, and
+it; a cluster joined at RAY_ADDRESS needs it in the head node's environment (docs/cluster.md, and
 deploy/kuberay/raycluster.yaml). The proxy reads its limits from its own environment's `OPENFT_HTTP_*`
 settings (defaults otherwise), since Ray passes the callback nothing.
 """

@@ -58,7 +58,7 @@ class Settings(BaseSettings):
     )
     billing_enabled: bool = Field(
         False,
-        description="Credit holds and per-token charges (see README, Billing). Off by default so the embedded "
+        description="Credit holds and per-token charges (docs/billing.md). Off by default so the embedded "
         "laptop setup trains without deposits; production sets OPENFT_BILLING_ENABLED=true.",
     )
     api_keys_per_account: int = Field(

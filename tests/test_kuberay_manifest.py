@@ -1,7 +1,7 @@
 """deploy/kuberay/raycluster.yaml stays in step with the code: every OPENFT_ variable it sets is a
 setting that loads, the custom resource the training settings ask for is one a worker group
 declares, and the head takes no work. (Its shape was checked once against KubeRay's RayCluster
-CRD schema; see README, Running on a cluster.)"""
+CRD schema; see docs/cluster.md.)"""
 
 from __future__ import annotations
 

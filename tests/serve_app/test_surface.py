@@ -220,6 +220,20 @@ def _raw(o: Owned, head: str, chunks: list[bytes] = ()) -> tuple[int, bytes]:
     return int(head_bytes.split(b" ", 2)[1]), body
 
 
+def test_the_docs_check_reads_the_routes_the_app_registers(tmp_path):
+    # tests/test_docs.py reads the routes from the routers' source (importing the app imports Ray):
+    # the same set as the app's own, so that its check of the pages' paths is a check against the app.
+    from openft.settings import Settings
+    from storage.db import Database
+    from storage.objects import open_object_store
+    from tests.test_docs import app_routes
+
+    settings = Settings(data_dir=tmp_path)
+    state = AppState(settings, Database(settings.resolved_database_url(), migrate=False),
+                     open_object_store(settings.resolved_storage_url()))
+    assert app_routes() == {(method, path) for method, path, _ in routes(state)}
+
+
 def test_each_routes_body_is_bounded(owned):
     names = {name for _, _, name in routes(owned.state)}
     assert set(BODY_LIMITS) <= names  # the table names only routes that exist
