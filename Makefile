@@ -7,6 +7,11 @@ DEBIAN_PACKAGES := bubblewrap wordnet-base wordnet-sense-index
 APT_INSTALL := apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) \
 	|| (apt-get update -q && apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES))
 
+# Two pytest-xdist workers, each with its own Ray cluster, Serve and deployments, a test file at a time
+# (tests/conftest.py puts the longest files first): the suite waits on Ray, the database and
+# subprocesses about half the time, so the second worker fills the other core.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+
 .PHONY: demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
 
 $(STAMP): pyproject.toml
@@ -30,9 +35,10 @@ demo: $(STAMP) $(DASHBOARD)
 
 # Everything that needs no GPU and no fault injection: real Ray, SQLite, PostgreSQL, SeaweedFS, the SDK.
 test: $(STAMP) $(DASHBOARD)
-	$(VENV)/bin/python -m pytest -q
+	$(VENV)/bin/python -m pytest -q $(XDIST)
 
-# Faults injected into real runs: killed processes, a PostgreSQL restart, an S3 outage (about 11 min here).
+# Faults injected into real work (runs, batches, merges, distills, webhook deliveries): killed
+# processes, a PostgreSQL restart, an S3 outage (12 tests, about 25 min on a shared, busy machine).
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 
@@ -56,8 +62,9 @@ $(PROMPTFOO): tests/e2e/promptfoo/package.json tests/e2e/promptfoo/package-lock.
 test-e2e: $(STAMP) $(DASHBOARD) $(PROMPTFOO)
 	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
 
-# The fuzzers' large profile: more generated uploads and multipart bodies, the 64 MiB file edges,
-# schemathesis with more cases per operation, PostgreSQL and the admin routes (the default profile runs in make test).
+# The fuzzers' large profile: more generated uploads, multipart bodies and request heads, the 64 MiB
+# file edges, schemathesis with more cases per operation, PostgreSQL and the admin routes (the default
+# profile runs in make test).
 test-fuzz: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m fuzz_large tests/fuzz
 
@@ -73,7 +80,7 @@ $(MLFLOW_STAMP):
 	touch $(MLFLOW_STAMP)
 
 # Suites left out of make test's budget: deployments of their own or long waits (rate limits,
-# slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
+# API key revocation under load, slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
 # Data path of the create checks on a row of the wrong shape.
 test-heavy: $(STAMP) $(MLFLOW_STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy

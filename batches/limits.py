@@ -1,7 +1,7 @@
 """An account's open-batch limit (the reference's "2 open batches" for a new account).
 
 Where it sits: batch create (serve_app/services/batches.py) calls `check_open_batches` once to fail
-fast and again under the account's lock (jobs/transitions.py `lock_account`) before it adds the
+fast and again under the account's lock (storage/leases.py `lock_account`) before it adds the
 row, so two concurrent creates at the limit cannot both pass: on PostgreSQL the second waits for
 the first's row lock and then counts its batch; on SQLite `BEGIN IMMEDIATE` serialises them.
 Open: validating, in_progress, finalizing and cancelling.

@@ -3,7 +3,7 @@ models the lines name, resolved once (jobs/model_names.py `resolve_model`).
 
 Where it sits: batch create (serve_app/services/batches.py) runs it before anything is created;
 a refusal is `400` with `param` input_file_id and the line number (`error.line`), never a line's
-content. What it returns becomes the batch's `plan` (the controller runs the batch from it).
+content. What it returns becomes the batch's `plan` (batches/plan.py; the worker runs the batch from it).
 
 Rules (the reference's "Your ft: model": one base, alone or with up to 8 of its ft: models):
 - Each line is a JSON object `{custom_id, method: "POST", url: "/v1/chat/completions", body:
@@ -25,9 +25,11 @@ from dataclasses import dataclass, field
 
 import orjson
 
+from batches.plan import Plan, PlannedModel
 from catalog.bases import BASES
 from jobs.model_names import ResolvedModel
 from openft.errors import InvalidRequest
+from pipelines.batch_plan import LineRefusal
 
 MAX_FINE_TUNES = 8
 MAX_DISTINCT_NAMES = 64  # resolving a name reads the database: a file naming more is refused
@@ -47,9 +49,10 @@ class ScanResult:
     tokens_upper_bound: int  # every line's prompt bytes + template overhead + max tokens, each at most the context
     custom_ids_sample: list[str] = field(default_factory=list)
 
-    def plan(self) -> dict:
-        return {"base_id": self.base_id, "models": self.models, "refused_models": self.refused, "lines": self.lines,
-                "tokens_upper_bound": self.tokens_upper_bound}
+    def plan(self) -> Plan:
+        return Plan(base_id=self.base_id, models=tuple(PlannedModel(**m) for m in self.models),
+                    refused_models={name: LineRefusal(**r) for name, r in self.refused.items()}, lines=self.lines,
+                    tokens_upper_bound=self.tokens_upper_bound)
 
 
 def _refused_for(resolved: ResolvedModel | None) -> dict | None:

@@ -1,11 +1,11 @@
 """The controller's batch passes: lose batches nothing drives, and claim batches to drive.
 
-Where it sits: train/controller.py calls these every pass, after `jobs.scheduling.start_runs` (a
-queued job goes first), and drives each claim on a thread (batches/run.py). Each pass is made of
+Where it sits: the worker's batch pass (worker/batches.py) calls these every pass, after the runs'
+(a queued job goes first), and drives each claim on a thread (batches/run.py). Each pass is made of
 batches/transitions.py compare-and-sets under the scheduler's lock, like the runs' passes.
 
 - `reconcile`: a batch whose lease lapsed (its driver, controller or node died), or one of this
-  controller's whose thread is gone, is lost (`transitions.lose`).
+  controller's whose thread is gone, is lost (storage/leases.py `reconcile`, `transitions.lose`).
 - `claim_batches`: first every batch to close without running (cancelled, or expired while it
   waited: no capacity needed, it only writes its error file), then runnable batches, oldest
   first, while fewer than `max_concurrent_batches` are leased and the cluster has room beside
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from sqlalchemy import or_, select
 
 from batches import transitions
-from jobs.transitions import lock_scheduler
 from openft.settings import Settings
+from storage import leases
 from storage.batches import count_leased
 from storage.db import Database
 from storage.models import Batch
@@ -34,25 +34,12 @@ class Claim:
     close: str | None  # "cancelled" | "expired": close without running; None: run it
 
 
-def _lost(batch: Batch, now: int, alive: set[str], mine: str) -> bool:
-    if batch.lease_owner is None or batch.lease_owner in alive:
-        return False
-    return batch.lease_owner.startswith(mine) or (batch.lease_expires_at or 0) < now
+def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str | None) -> list[str]:
+    def lose(session, batch: Batch, now: int) -> str:
+        transitions.lose(session, batch, now)
+        return batch.id
 
-
-def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str) -> list[str]:
-    alive = set(alive)
-    with db.session() as session:
-        ids = [b.id for b in session.scalars(select(Batch).where(Batch.lease_owner.is_not(None)))
-               if _lost(b, now, alive, mine)]
-    lost = []
-    for batch_id in ids:
-        with db.session() as session:
-            batch = transitions.lock_batch(session, batch_id)
-            if batch is not None and _lost(batch, now, alive, mine):
-                transitions.lose(session, batch, now)
-                lost.append(batch_id)
-    return lost
+    return leases.reconcile(db, transitions.BATCH, now, alive=alive, mine=mine, lose=lose)
 
 
 def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[object], float],
@@ -60,7 +47,7 @@ def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[
     claims: list[Claim] = []
     lease_s = int(settings.run_lease_seconds)
     with db.session() as session:
-        lock_scheduler(session)
+        leases.lock_scheduler(session)
         # Counted before the closes are leased: closing a batch that never ran takes no capacity.
         room = min(settings.max_concurrent_batches - count_leased(session), fit(session))
         closable = session.scalars(select(Batch).where(

@@ -2,9 +2,10 @@
 
 Where it sits: the API's service (create, cancel) and the controller's batch passes
 (batches/scheduling.py, batches/run.py) call these inside their own transaction; nothing else
-writes `Batch.status`. Compare-and-set as jobs/transitions.py: each function takes the account's
-lock, then the batch row's, re-reads the row, checks the status (and, for a driver, that it still
-holds the lease) and changes nothing when the row has moved on, returning `Moved(ok=False, ...)`.
+writes `Batch.status`. Compare-and-set on storage/leases.py, as every kind of background work: each
+function takes the account's lock, then the batch row's, re-reads the row, checks the status (and,
+for a driver, that it still holds the lease) and changes nothing when the row has moved on,
+returning `Moved(ok=False, ...)`. `BATCH` is the kind: its lease, its attempts, its code.
 
 Statuses (OpenAI's), each with its timestamp:
 - `validating`: created (the create-time scan passed); waits for capacity.
@@ -27,24 +28,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session, object_session
 
 from batches import billing
-from jobs.transitions import lock_owned
+from storage import leases
 from storage.batches import ENDED_STATUSES
+from storage.leases import Kind, Moved
 from storage.models import Batch
 from webhooks import events, outbox
 
-MAX_ATTEMPTS = 2
 RUNNABLE = ("validating", "in_progress")  # what a driver may claim to run (in_progress: its driver was lost)
-
-
-@dataclass(frozen=True)
-class Moved:
-    ok: bool
-    status: str | None
-    why: str = ""
+# A batch's driver: run from the start once more after a lost one, then `batch_interrupted`. A
+# finalizing batch with no lease lost its driver between its last line and its files.
+BATCH = Kind("batch", Batch, "b", max_attempts=2, exhausted_code="batch_interrupted",
+             needs_lease=Batch.status == "finalizing")
 
 
 def batch_error(code: str, message: str, param: str | None = None, line: int | None = None) -> dict:
@@ -53,7 +51,7 @@ def batch_error(code: str, message: str, param: str | None = None, line: int | N
 
 def lock_batch(session: Session, batch_id: str, account_id: str | None = None) -> Batch | None:
     """The batch's row under the account's lock, then its own (the read a compare-and-set decides on)."""
-    return lock_owned(session, Batch, batch_id, account_id)
+    return leases.lock_row(session, Batch, batch_id, account_id)
 
 
 def add_new(session: Session, batch: Batch, now: int, window_s: float) -> None:
@@ -94,21 +92,19 @@ def cancel(session: Session, batch: Batch, now: int) -> Moved:
 def claim(session: Session, batch_id: str, now: int, *, owner: str, lease_s: int) -> Moved:
     """Lease a batch no one drives: one to run (`validating`, or `in_progress` after a lost
     driver), or one to close that never ran (cancelled or expired while it waited)."""
-    batch = lock_batch(session, batch_id)
-    if batch is None:
-        return Moved(False, None, "no such batch")
-    if batch.lease_owner is not None:
-        return Moved(False, batch.status, "a driver holds it")
-    if batch.status not in RUNNABLE and close_without_run(batch, now) is None:
-        return Moved(False, batch.status, f"it is {batch.status}")
-    batch.lease_owner, batch.lease_expires_at, batch.updated_at = owner, now + lease_s, now
-    batch.attempts += 1
-    return Moved(True, batch.status)
+
+    def ready(batch: Batch) -> str | None:
+        runs_or_closes = batch.status in RUNNABLE or close_without_run(batch, now) is not None
+        return None if runs_or_closes else f"it is {batch.status}"
+
+    moved = leases.claim(session, BATCH, batch_id, owner, now, lease_s, ready)
+    if moved.ok:
+        session.get(Batch, batch_id).updated_at = now
+    return moved
 
 
 def owned(session: Session, batch_id: str, owner: str) -> Batch | None:
-    batch = lock_batch(session, batch_id)
-    return batch if batch is not None and batch.lease_owner == owner else None
+    return leases.owned(session, Batch, batch_id, owner)
 
 
 def begin(session: Session, batch_id: str, owner: str, now: int, *, billing_enabled: bool,
@@ -118,7 +114,7 @@ def begin(session: Session, batch_id: str, owner: str, now: int, *, billing_enab
     `insufficient_quota` before anything runs."""
     batch = owned(session, batch_id, owner)
     if batch is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     if batch.status not in RUNNABLE:
         return Moved(False, batch.status, f"it is {batch.status}")
     if billing_enabled and quote is not None:
@@ -149,27 +145,22 @@ class Seen:
         return None
 
 
-def renew(session: Session, batch_id: str, owner: str, now: int, lease_s: int) -> Seen | None:
-    """Extend the lease; None once `owner` no longer holds it (stop and write nothing)."""
-    done = session.execute(update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner)
-                           .values(lease_expires_at=now + lease_s))
-    if done.rowcount != 1:
-        return None
+def seen(session: Session, batch_id: str) -> Seen:
+    """What the driver's heartbeat reads beside its renewal."""
     status, expires_at = session.execute(select(Batch.status, Batch.expires_at).where(Batch.id == batch_id)).one()
     return Seen(status, expires_at)
 
 
 def progress(session: Session, batch_id: str, owner: str, *, total: int, completed: int, failed: int) -> bool:
-    done = session.execute(update(Batch).where(Batch.id == batch_id, Batch.lease_owner == owner).values(
-        request_counts={"total": total, "completed": completed, "failed": failed}))
-    return done.rowcount == 1
+    return leases.write_owned(session, Batch, batch_id, owner,
+                              request_counts={"total": total, "completed": completed, "failed": failed})
 
 
 def begin_finalizing(session: Session, batch_id: str, owner: str, now: int) -> Moved:
     """Every line ran: `in_progress` → `finalizing` (a cancelling batch stays cancelling: it ends cancelled)."""
     batch = owned(session, batch_id, owner)
     if batch is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     if batch.status == "in_progress":
         batch.status, batch.finalizing_at, batch.updated_at = "finalizing", now, now
     return Moved(True, batch.status)
@@ -189,7 +180,7 @@ def finish(session: Session, batch_id: str, owner: str, now: int, *, stopped: st
     (billing) the charge of the real tokens, never more than the hold; the lease is released."""
     batch = owned(session, batch_id, owner)
     if batch is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     if batch.status in ENDED_STATUSES:
         return Moved(False, batch.status, f"it is {batch.status}")
     status = end_status(batch, stopped)
@@ -204,7 +195,7 @@ def fail(session: Session, batch_id: str, owner: str, now: int, code: str, messa
     """The driver could not run the batch (a platform failure): `failed`, nothing charged."""
     batch = owned(session, batch_id, owner)
     if batch is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     if batch.status in ENDED_STATUSES:
         return Moved(False, batch.status, f"it is {batch.status}")
     _end(batch, "failed", now, errors=[batch_error(code, message)])
@@ -219,7 +210,7 @@ def _end(batch: Batch, status: str, now: int, *, errors: list[dict] | None = Non
         batch.cancelling_at = now
     if errors is not None:
         batch.errors = errors
-    batch.lease_owner = batch.lease_expires_at = None
+    leases.release(batch)
     # Every end passes here, in its caller's transaction (the batch is that session's row): its webhooks with it.
     outbox.enqueue(object_session(batch), batch.account_id, events.BATCH_EVENTS[status], batch.id, now)
 
@@ -228,13 +219,13 @@ def lose(session: Session, batch: Batch, now: int) -> Moved:
     """Its driver is gone (the lease lapsed). A batch that was running is claimed again and run from
     the start once, then fails `batch_interrupted`; a cancelling one is closed by the next driver.
     The caller holds the batch's lock."""
-    batch.lease_owner = batch.lease_expires_at = None
+    leases.release(batch)
     batch.updated_at = now
     if batch.status == "finalizing":
         batch.status = "in_progress"  # its files were not recorded: the rerun makes them again
-    if batch.status == "in_progress" and batch.attempts >= MAX_ATTEMPTS:
+    if batch.status == "in_progress" and leases.exhausted(BATCH, batch):
         _end(batch, "failed", now, errors=[batch_error(
-            "batch_interrupted", "The worker running the batch was lost twice; the batch is not run again. Nothing "
+            BATCH.exhausted_code, "The worker running the batch was lost twice; the batch is not run again. Nothing "
             "was charged: create it again.")])
         billing.settle(session, batch, now, tokens=0)
         return Moved(True, "failed")

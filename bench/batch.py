@@ -27,7 +27,8 @@ import torch
 from catalog.bases import get_base
 from catalog.model_source import ModelSource, load_model, load_tokenizer
 from openft.demo_data import SYSTEM, ticket_splits
-from pipelines.generate import GenRequest, SamplingParams, end_of_turn_ids, load_engine, render_prompt
+from pipelines.engine import GenRequest, SamplingParams, end_of_turn_ids
+from pipelines.generate import load_engine, render_prompt
 from train.lora import TARGET_MODULES, adapter_files
 
 BASE_ID = "qwen2.5-0.5b-instruct"

@@ -29,10 +29,10 @@ from storage.objects import open_object_store
 from train.progress import FileReporter
 
 
-def preference_rows(n: int, seed: int = 0) -> list[dict]:
+def preference_rows(n: int, seed: int = 0, log2_words: tuple[float, float] = (1, 8.5)) -> list[dict]:
     """Each chat row's answer as the preferred output, another row's answer as the other one."""
-    rows = chat_rows(n, seed)
-    others = chat_rows(n, seed + 1)
+    rows = chat_rows(n, seed, log2_words)
+    others = chat_rows(n, seed + 1, log2_words)
     random.Random(seed).shuffle(others)
     return [
         {

@@ -128,7 +128,7 @@ def bench_db_path(database_url: str | None, data_dir: Path, n: int) -> dict:
     """The authentication's database work alone, alternating without and with the bucket's upsert
     call by call (medians: this shared machine's noise dwarfs a round trip end to end)."""
     from serve_app import rate_limits
-    from storage.accounts import account_for_key
+    from storage.api_keys import lookup
     from storage.db import Database
 
     settings = Settings(data_dir=data_dir, database_url=database_url, **UNTHROTTLED)
@@ -139,7 +139,7 @@ def bench_db_path(database_url: str | None, data_dir: Path, n: int) -> dict:
         limited = bool(i % 2)
         started = time.perf_counter()
         with db.session() as session:
-            account = account_for_key(session, key)
+            _, account = lookup(session, key)
             if limited:
                 rate_limits.take(session, settings, account.id, rate_limits.GENERAL)
         times[limited].append(time.perf_counter() - started)

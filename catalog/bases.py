@@ -16,6 +16,7 @@ Token-estimate constants (used by upload validation and the quote):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from openft.errors import InvalidRequest
@@ -274,3 +275,9 @@ def get_base(model_id: str, param: str = "model") -> BaseModelSpec:
             code="model_not_available",
             param=param,
         ) from None
+
+
+def unpriced(rates: Mapping[str, object]) -> list[str]:
+    """The bases a price table's `rates` has no rate for: a base without a price would only fail at its
+    first create, so `openft serve` refuses to start with one (entrypoints/preflight.py)."""
+    return [base_id for base_id in BASES if base_id not in rates]

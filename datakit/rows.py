@@ -27,9 +27,10 @@ from catalog.bases import get_base
 from catalog.model_source import load_tokenizer, parse_model_source
 from datakit.sources import S3, Source, StoredFile, resolve
 from openft.errors import InvalidRequest
+from openft.limits import FINE_TUNE_FILE_BYTES
 from pipelines.create_checks import check_line_for_base
 from pipelines.render import render_preference_row, render_row
-from pipelines.validate import MAX_FILE_BYTES, BlockResult, FileStats, FileValidationError, Tally, check_line, file_too_large
+from pipelines.validate import BlockResult, FileStats, FileValidationError, Tally, check_line, file_too_large
 from pipelines.validate_ray import block_ranges
 
 __all__ = ["BadLine", "FileReport", "check_files", "estimate_tokens", "render", "validate"]
@@ -156,8 +157,8 @@ def _reports(files: list[StoredFile], results: list[dict], sizes: list[int]) -> 
                 Tally().finish()
             except FileValidationError as err:
                 found.append(BadLine(file.path, None, err.code, err.message))
-        if sizes[f] > MAX_FILE_BYTES:
-            err = file_too_large(MAX_FILE_BYTES)
+        if sizes[f] > FINE_TUNE_FILE_BYTES:
+            err = file_too_large(FINE_TUNE_FILE_BYTES)
             found.append(BadLine(file.path, None, err.code, err.message))
         reports.append(FileReport(file.path, stats, found))
     return reports

@@ -68,7 +68,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from entrypoints.ray_runtime import deploy_api, start_ray
 
-    from train.controller import ensure_controller
+    from worker.controller import ensure_controller
 
     context = start_ray(settings, host=args.host)
     if status := _check_cluster(settings):
@@ -96,7 +96,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _keep_controller(settings: Settings, controller, stop: threading.Event) -> None:
     """The controller actor restarts itself after a crash; one that is gone for good (killed with
     no restart, or lost with its node) is started again here."""
-    from train.controller import ensure_controller
+    from worker.controller import ensure_controller
 
     while not stop.wait(CONTROLLER_CHECK_S):
         try:
@@ -145,39 +145,78 @@ def cmd_accounts_create(args: argparse.Namespace) -> int:
     return 0
 
 
-def _billing_command(args: argparse.Namespace, call) -> int:
+def _operator_command(args: argparse.Namespace, call, *, last_line=None) -> int:
+    """Run `call(db, settings, now)` (a service function's answer: a pydantic model) and print it as
+    JSON; a refusal prints its message on stderr and exits 2. `last_line(answer)`: a line printed
+    after it (a new key, so that it is the last stdout line, as `accounts create` prints it)."""
     import time
 
+    from pydantic import ValidationError
+
     from openft.errors import ServiceError
-    from serve_app.services import billing
     from storage.db import Database
 
     settings = _settings(args)
     db = Database(settings.resolved_database_url())
     try:
-        account = call(billing, db, settings, int(time.time()))
+        answer = call(db, settings, int(time.time()))
     except ServiceError as exc:
         print(f"openft: {exc.message}", file=sys.stderr)
         return 2
+    except ValidationError as exc:  # an option out of its range: its name and the rule, not the value
+        first = exc.errors()[0]
+        print(f"openft: --{str(first['loc'][-1]).replace('_', '-')}: {first['msg']}", file=sys.stderr)
+        return 2
     finally:
         db.dispose()
-    print(account.model_dump_json(indent=2))
+    print(answer.model_dump_json(indent=2, exclude={"value"}))
+    if last_line is not None:
+        print(last_line(answer))
     return 0
 
 
 def cmd_accounts_credit(args: argparse.Namespace) -> int:
-    return _billing_command(args, lambda billing, db, settings, now: billing.add_credit(
+    from serve_app.services import billing
+
+    return _operator_command(args, lambda db, settings, now: billing.add_credit(
         db, settings, args.name, args.usd, now, note=args.note))
 
 
 def cmd_accounts_show(args: argparse.Namespace) -> int:
-    return _billing_command(args, lambda billing, db, settings, now: billing.account_summary(
-        db, settings, args.name, now))
+    from serve_app.services import billing
+
+    return _operator_command(args, lambda db, settings, now: billing.account_summary(db, settings, args.name, now))
 
 
 def cmd_accounts_limits(args: argparse.Namespace) -> int:
-    return _billing_command(args, lambda billing, db, settings, now: billing.set_limits(
+    from serve_app.services import billing
+
+    return _operator_command(args, lambda db, settings, now: billing.set_limits(
         db, settings, args.name, now, open_jobs=args.open_jobs, usd_per_day=args.usd_per_day, models=args.models))
+
+
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    from serve_app.services import api_keys
+
+    return _operator_command(args, lambda db, settings, now: api_keys.list_keys(
+        db, api_keys.account_id_of(db, args.account), limit=100, after=args.after))
+
+
+def cmd_keys_create(args: argparse.Namespace) -> int:
+    from serve_app.schemas.api_keys import ApiKeyCreateRequest
+    from serve_app.services import api_keys
+
+    return _operator_command(args, lambda db, settings, now: api_keys.create_key(
+        db, settings, api_keys.account_id_of(db, args.account),
+        ApiKeyCreateRequest(name=args.name, expires_in_seconds=args.expires_in_seconds), now),
+        last_line=lambda made: made.value)
+
+
+def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    from serve_app.services import api_keys
+
+    return _operator_command(args, lambda db, settings, now: api_keys.revoke_key(
+        db, api_keys.account_id_of(db, args.account), args.key_id, now))
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -189,7 +228,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(settings, host=args.host, port=args.port)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every `openft` command, the operator's and the users' (tests/test_docs.py checks the docs' commands against it)."""
     parser = argparse.ArgumentParser(prog="openft", description="OpenAI-compatible fine-tuning on Ray.")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -226,6 +266,24 @@ def main(argv: list[str] | None = None) -> int:
     limits.add_argument("--data-dir", default=None)
     limits.set_defaults(func=cmd_accounts_limits)
 
+    keys = accounts.add_parser("keys", help="an account's API keys").add_subparsers(dest="keys_action", required=True)
+    keys_list = keys.add_parser("list", help="its working keys, newest first (never the keys themselves)")
+    keys_list.add_argument("account", help="the account's name or id")
+    keys_list.add_argument("--after", default=None, help="the last key id of the previous page")
+    keys_list.add_argument("--data-dir", default=None)
+    keys_list.set_defaults(func=cmd_keys_list)
+    keys_create = keys.add_parser("create", help="a new key; prints it as the last line, once")
+    keys_create.add_argument("account", help="the account's name or id")
+    keys_create.add_argument("--name", required=True, help="what the key is for")
+    keys_create.add_argument("--expires-in-seconds", type=int, default=None, help="omit for a key that does not expire")
+    keys_create.add_argument("--data-dir", default=None)
+    keys_create.set_defaults(func=cmd_keys_create)
+    keys_revoke = keys.add_parser("revoke", help="revoke a key: it answers 401 on every replica from now on")
+    keys_revoke.add_argument("account", help="the account's name or id")
+    keys_revoke.add_argument("key_id", help="key_..., as `keys list` shows it")
+    keys_revoke.add_argument("--data-dir", default=None)
+    keys_revoke.set_defaults(func=cmd_keys_revoke)
+
     demo = sub.add_parser("demo", help="run the end-to-end demo on the embedded defaults")
     demo.add_argument("--host", default="127.0.0.1")
     demo.add_argument("--port", type=int, default=8000)
@@ -235,7 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     from entrypoints.user_cli import add_user_commands
 
     add_user_commands(sub)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     return args.func(args)
 
 

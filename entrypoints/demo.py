@@ -85,7 +85,7 @@ def run_demo(settings: Settings, *, host: str, port: int) -> int:
 
     third_party_noise.quiet_demo()
     from entrypoints.ray_runtime import deploy_api, start_ray
-    from train.controller import start_controller
+    from worker.controller import start_controller
 
     import ray
 

@@ -19,10 +19,18 @@ from openft.settings import Settings
 def check_configuration(settings: Settings) -> list[str]:
     """Problems that would keep the API from starting; empty when it can start."""
     problems = [
+        _prices(settings),
         _within(settings.preflight_timeout_seconds, "OPENFT_DATABASE_URL: the database", lambda: _database(settings)),
         _within(settings.preflight_timeout_seconds, "OPENFT_STORAGE_URL: the object store", lambda: _object_store(settings)),
     ]
     return [p for p in problems if p]
+
+
+def _prices(settings: Settings) -> str | None:
+    from catalog.bases import unpriced
+
+    missing = unpriced(settings.prices.rates)
+    return f"OPENFT_PRICES: the price table has no rate for: {', '.join(missing)}" if missing else None
 
 
 def check_cluster(settings: Settings) -> list[str]:

@@ -61,6 +61,8 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
         prepare_ray_environment(settings)
     import ray
 
+    from entrypoints import serve_proxy
+
     if ray.is_initialized():
         return ray.get_runtime_context()
     runtime_env = {"env_vars": dict(RAY_JOB_ENV)}
@@ -69,6 +71,9 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
         return ray.init(address=settings.ray_address, log_to_driver=False, runtime_env=runtime_env)
     temp_dir = ray_temp_dir(settings)
     temp_dir.mkdir(parents=True, exist_ok=True)
+    # Read by each Serve proxy this cluster starts (its processes inherit the environment): request
+    # heads are bounded while the proxy parses them.
+    os.environ.setdefault(serve_proxy.ENV, serve_proxy.HOOK)
     return ray.init(
         num_cpus=num_cpus,
         include_dashboard=dashboard,

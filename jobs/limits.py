@@ -1,7 +1,7 @@
 """An account's limits, computed once: open jobs, fine-tuned models, and USD committed per UTC day.
 
 Where it sits: job create (serve_app/services/fine_tuning_jobs.py) calls `check_create` under the
-account's lock, after its own quick check; adapter registration (train/registration.py) calls
+account's lock, after its own quick check; adapter registration (jobs/registration.py) calls
 `check_model_quota`; the operator's account summary (serve_app/services/billing.py) reads
 `effective` and `usage`. The ledger sums come from storage/billing.py (money only).
 
@@ -9,7 +9,8 @@ Rules (the reference's "The job" and "Limits"):
 - Open jobs: `validating_files`, `queued`, `running` and `paused` jobs count. A new account may
   have `new_account_open_jobs`; its first deposit raises that to `established_account_open_jobs`
   unless an operator set the limit.
-- Models: stored models plus open jobs, since each open job reserves the model it will register.
+- Models: stored models plus open jobs, since each open job reserves the model it will register;
+  the quota is the account's own where an operator set it, else `models_per_account` (`models_quota`).
 - USD per day (billing on): what the account's jobs created this UTC day commit, an open job its
   `max_charge_usd`, an ended one its charge. Resets at 00:00 UTC; a deposit does not raise it.
   A distill-shortcut job has no quote until it is distilled: it commits nothing until then, and
@@ -59,8 +60,14 @@ def effective(session: Session, account: Account, settings: Settings) -> Limits:
     row = session.get(AccountLimits, account.id)
     day = row.usd_per_day_cents if row and row.usd_per_day_cents is not None else billing.to_cents(
         f"{settings.usd_per_day_limit:.2f}")
-    models = row.models if row and row.models is not None else settings.models_per_account
-    return Limits(open_jobs=account.open_jobs_limit, usd_per_day_cents=day, models=models)
+    return Limits(open_jobs=account.open_jobs_limit, usd_per_day_cents=day,
+                  models=models_quota(session, account.id, settings))
+
+
+def models_quota(session: Session, account_id: str, settings: Settings) -> int:
+    """The fine-tuned models an account may hold: the operator's limit for it, else the setting's."""
+    row = session.get(AccountLimits, account_id)
+    return row.models if row is not None and row.models is not None else settings.models_per_account
 
 
 def models_in_use(session: Session, account_id: str, *, except_job: str | None = None) -> int:
@@ -137,11 +144,10 @@ def check_usd_per_day(session: Session, account: Account, settings: Settings, ma
         )
 
 
-def check_model_quota(session: Session, job: Job, default_models: int) -> tuple[int, int] | None:
+def check_model_quota(session: Session, job: Job, settings: Settings) -> tuple[int, int] | None:
     """At registration: None if the job's model fits, else (models held, quota). The job's own
     reservation is the slot it fills, so only the account's other open jobs count."""
-    row = session.get(AccountLimits, job.account_id)
-    quota = row.models if row is not None and row.models is not None else default_models
+    quota = models_quota(session, job.account_id, settings)
     used = models_in_use(session, job.account_id, except_job=job.id)
     if used >= quota:
         held = used - jobs_repo.count_open_jobs(session, job.account_id, except_job=job.id)

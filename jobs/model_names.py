@@ -55,7 +55,7 @@ def resolve_model(session, account_id: str, name: str) -> ResolvedModel | None:
         return ResolvedModel(name, base.id, "base", None, base.servable, base.not_servable_reason)
     if not name.startswith("ft:"):
         return None
-    row = _live_model(session, account_id, name)
+    row = live_model(session, account_id, name)
     if row is not None:
         return ResolvedModel(name, row.base, "ft", row.adapter_prefix.rstrip("/") + "/", row.servable, row.reason)
     found = resolve_checkpoint(session, account_id, name)
@@ -84,7 +84,7 @@ def resolve_checkpoint(session, account_id: str, name: str) -> tuple[Job, KeptCh
 
 
 def model_name(base_id: str, org_id: str, job_id: str) -> str:
-    """`ft:<base>:<org>:<job suffix>`: the reference's form (train/registration.py registers it)."""
+    """`ft:<base>:<org>:<job suffix>`: the reference's form (jobs/registration.py registers it)."""
     return f"ft:{base_id}:{org_id.removeprefix('org-')}:{job_id.removeprefix('ftjob-')[:12]}"
 
 
@@ -119,6 +119,13 @@ def kept_checkpoints(session, job: Job) -> list[KeptCheckpoint]:
     return [KeptCheckpoint(step, event, keys.checkpoint(job.id, step)) for step, event in newest]
 
 
-def _live_model(session, account_id: str, name: str) -> FineTunedModel | None:
+def live_model(session, account_id: str, name: str) -> FineTunedModel | None:
+    """The account's `ft:` model of that name, unless it was deleted."""
     return session.scalar(select(FineTunedModel).where(
         FineTunedModel.id == name, FineTunedModel.account_id == account_id, FineTunedModel.deleted_at.is_(None)))
+
+
+def live_models(session, account_id: str) -> list[FineTunedModel]:
+    """The account's `ft:` models that are not deleted, oldest first."""
+    return list(session.scalars(select(FineTunedModel).where(
+        FineTunedModel.account_id == account_id, FineTunedModel.deleted_at.is_(None)).order_by(FineTunedModel.created_ns)))

@@ -1,12 +1,14 @@
 """The job controller's passes over the database: reconcile lost runs, expire waits, start runs.
 
-Where it sits: `train/controller.py` calls these every pass (and owns the Ray side: the runs'
-threads, the cluster's resources); each pass is made of `jobs/transitions.py` compare-and-sets, so
-a pass that races an API request or another controller changes nothing it should not.
+Where it sits: the worker's run and distill passes (worker/runs.py, worker/distills.py) call these
+every pass (and own the Ray side: the runs' threads, the cluster's resources); each pass is made of
+`jobs/transitions.py` compare-and-sets, so a pass that races an API request or another controller
+changes nothing it should not.
 
 - `reconcile`: every run whose lease has expired (its thread, driver or node died), every run of
-  this controller whose thread is gone, and every `running` job with no lease at all is lost:
-  queued again once from its last checkpoint, then `platform_interrupted` (`lose_run`).
+  this controller whose thread is gone, and every `running` job with no lease at all is lost
+  (storage/leases.py `reconcile`): queued again once from its last checkpoint, then
+  `platform_interrupted` (`lose_run`). `reconcile_distills` does the same for distill leases.
 - `expire_waiting`: a job that has waited past the limit since it entered its current wait fails
   (`expire_wait`: `job_unavailable` if it never ran, `job_expired` if it did).
 - `claim_distills`: lease waiting distill-shortcut jobs (jobs/distilling.py) to this controller,
@@ -32,10 +34,11 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 
 from jobs import distilling, transitions
 from openft.settings import Settings
+from storage import leases
 from storage.db import Database
 from storage.jobs import add_event
 from storage.models import Job
@@ -112,7 +115,7 @@ def held(session, settings: Settings, *, runs: bool = True, batches: bool = True
     counts = []
     if runs:
         counts.append((run_need(settings), session.scalar(select(func.count()).select_from(Job).where(
-            transitions.RUN_LEASE))))
+            transitions.RUN.held()))))
     if batches:
         counts.append((batch_need(settings), count_leased(session)))
     counts.append((online_need(settings), 1))  # online serving's most, whether it is scaled up or not
@@ -138,36 +141,27 @@ def free_for(total: dict[str, float], reserve: dict[str, float], taken: dict[str
     return runs_that_fit(left, need, reserve)
 
 
-def _lost(job: Job, now: int, alive: set[str], mine: str) -> bool:
-    if job.lease_owner is None:
-        return job.status == "running"
-    if job.lease_owner in alive:
-        return False
-    return job.lease_owner.startswith(mine) or (job.lease_expires_at or 0) < now
-
-
 @dataclass(frozen=True)
 class Lost:
     job_id: str
     placement_group: str | None  # what the lost run reserved on the cluster, for the caller to free
 
 
-def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str) -> list[Lost]:
+def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str | None) -> list[Lost]:
     """Lose every run nothing drives any more. `alive`: this controller's live runs' lease tokens;
     `mine`: the prefix of this controller's tokens (its runs not in `alive` are known dead)."""
-    alive = set(alive)
-    with db.session() as session:
-        candidates = session.scalars(select(Job).where(
-            or_(Job.lease_owner.is_not(None), Job.status == "running"))).all()
-        ids = [j.id for j in candidates if _lost(j, now, alive, mine)]
-    lost = []
-    for job_id in ids:
-        with db.session() as session:
-            job = transitions.lock_job(session, job_id)
-            if job is not None and _lost(job, now, alive, mine):  # re-checked under the lock
-                lost.append(Lost(job_id, job.run_placement_group))
-                transitions.lose_run(session, job, now)
-    return lost
+
+    def lose(session, job: Job, now: int) -> Lost:
+        lost = Lost(job.id, job.run_placement_group)
+        transitions.lose_run(session, job, now)
+        return lost
+
+    return leases.reconcile(db, transitions.RUN, now, alive=alive, mine=mine, lose=lose)
+
+
+def reconcile_distills(db: Database, now: int, *, alive: Iterable[str], mine: str | None) -> list[str]:
+    """Lose every distill lease nothing renews: the job is distilled again, or fails once out of attempts."""
+    return leases.reconcile(db, transitions.DISTILL, now, alive=alive, mine=mine, lose=distilling.lose)
 
 
 def expire_waiting(db: Database, now: int, limit_s: float) -> list[str]:
@@ -188,7 +182,7 @@ def claim_distills(db: Database, now: int, *, settings: Settings, new_owner: Cal
     """Lease the oldest waiting distill jobs while fewer than `max_concurrent_distills` are leased."""
     claimed: list[Started] = []
     with db.session() as session:
-        transitions.lock_scheduler(session)
+        leases.lock_scheduler(session)
         room = settings.max_concurrent_distills - distilling.in_flight(session)
         if room <= 0:
             return claimed
@@ -198,7 +192,7 @@ def claim_distills(db: Database, now: int, *, settings: Settings, new_owner: Cal
         for job_id in waiting:
             owner = new_owner()
             if distilling.take(session, job_id, now, owner=owner, lease_s=int(settings.run_lease_seconds)):
-                claimed.append(Started(job_id, owner, 0))
+                claimed.append(Started(job_id, owner, session.get(Job, job_id).distill_attempts))
     return claimed
 
 
@@ -206,10 +200,10 @@ def start_runs(db: Database, now: int, *, settings: Settings, fit: float | Calla
     """Start what the cap and `fit` (runs the cluster holds) allow; returns the runs started."""
     started: list[Started] = []
     with db.session() as session:
-        transitions.lock_scheduler(session)
+        leases.lock_scheduler(session)
         if callable(fit):  # what fits beside the batches leased now (issue 13)
             fit = fit(session)
-        leased = session.scalars(select(Job.account_id).where(transitions.RUN_LEASE)).all()
+        leased = session.scalars(select(Job.account_id).where(transitions.RUN.held())).all()
         room = min(settings.max_concurrent_runs, fit) - len(leased)
         busy = set(leased)
         queued = session.execute(

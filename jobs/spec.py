@@ -1,7 +1,7 @@
 """The job spec: the normalized create request, stored on the job row and read back typed.
 
-Where it sits: `serve_app/services/job_params.parse_create_request` builds it from the create
-body; the jobs service stores `spec.record()` in `jobs.spec`; the job controller reads
+Where it sits: jobs/params.py `parse_create_request` builds it from the create body; job create
+(jobs/create.py) stores `spec.record()` in `jobs.spec`; the worker reads
 `JobSpec.from_record(job.spec)` to build the run. Nothing reads the stored dict by string keys.
 """
 
@@ -35,7 +35,7 @@ class JobSpec:
     warnings: tuple[str, ...] = field(default=())
     # The distill shortcut's record (results file, requests file, the files it made), when used.
     derived_from: dict[str, Any] | None = None
-    # The `integrations` in their wire form (train/integrations/spec.py), as the job object returns them.
+    # The `integrations` in their wire form (jobs/integrations.py), as the job object returns them.
     integrations: tuple[dict[str, Any], ...] = field(default=())
 
     def hyperparameters_wire(self, method: bool = False) -> dict[str, Any]:

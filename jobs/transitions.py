@@ -8,12 +8,9 @@ events never disagree.
 Compare-and-set: each transition first takes the locks, re-reads the row, checks the status it
 expects (and, for a run, that the caller still holds the job's lease) and changes nothing when the
 row has moved on, returning `Moved(ok=False, ...)` that says why. Callers never decide from a row
-they read earlier without a lock.
-
-Lock order: the scheduler's row (scheduling passes only), then the account's row, then the
-account's job rows. Job create, cancel, pause, resume, a run's end and the scheduler's start all
-take them in this order, so none can deadlock with another; on PostgreSQL they are real row locks,
-and on SQLite `BEGIN IMMEDIATE` serialises every writer.
+they read earlier without a lock. The leases, the lock order (the scheduler's row, the account's,
+then its job rows), `Moved` and the attempt rule are storage/leases.py's, shared by every kind of
+background work; this module declares the job's two kinds (`RUN`, `DISTILL`) and writes its states.
 
 Slots and runs are different things:
 - The account's slot (what a user sees): one `queued`, `running` or `paused` job per account; later
@@ -31,84 +28,48 @@ ends, at every step) and stops; `begin_registering` refuses a cancelled job, so 
 registered; the run's `run_ended` clears the lease, and only then may the account's next job start.
 
 The distill shortcut (a job created on a batch results file) waits in `validating_files` with
-`reason = "distilling"` until the controller has distilled it (serve_app/services/distill.py
-`distill_job`). The controller takes a lease on it as it does for a run (`take_distill`), but a
-distill lease is not a run: the run cap and "one run per account" skip it (`RUN_LEASE`), and it
-exists only while the reason is `distilling`: `finish` (a cancel, an expired wait) drops it, so the
-distiller's own compare-and-set (`distilled`, `distill_failed`) then finds the lease gone and
-records nothing more. A distiller that dies lets its lease lapse; reconciliation clears it like a
-lost run's (the job keeps its status) and the next pass distills the job again.
+`reason = "distilling"` until the worker has distilled it (jobs/distilling.py). The worker takes a
+lease on it as it does for a run, but a distill lease is not a run: the run cap and "one run per
+account" skip it (`RUN.scope`), and it exists only while the reason is `distilling`: `finish` (a
+cancel, an expired wait) drops it, so the distiller's own compare-and-set (`distilled`, `failed`)
+then finds the lease gone and records nothing more. A distiller that dies lets its lease lapse;
+reconciliation clears it (the job keeps its status) and the next pass distills the job again, up
+to `DISTILL.max_attempts` leases (`distill_attempts`), then the job fails `platform_interrupted`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from sqlalchemy import or_, select, update
+from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from openft import metrics
-from storage import billing
+from storage import billing, leases
 from storage.jobs import ENDED_STATUSES, add_event
-from storage.models import Account, Job, SchedulerLock
+from storage.leases import Kind, Moved, lock_account
+from storage.models import Job
 from webhooks import events, outbox
 
 SLOT_STATUSES = ("queued", "running", "paused")
 PAUSABLE = ("validating_files", "queued", "running")
 WAITING_REASON = "account_capacity"
 DISTILLING = "distilling"  # the reason of a distill-shortcut job until its derived files are made and checked
-MAX_ATTEMPTS = 2  # the first run and one retry from the last checkpoint
 
-
-@dataclass(frozen=True)
-class Moved:
-    """What a transition did: `ok` when it changed the job; `status` is the job's status after the
-    call; `why` says why nothing changed (the row had moved on, or the lease is not the caller's)."""
-
-    ok: bool
-    status: str | None
-    why: str = ""
+_DISTILLING = (Job.reason == DISTILLING)
+# A run: what the run cap and "one run per account" count. Two attempts: the first run and one
+# retry from the last checkpoint; a run lost with no attempt left fails `platform_interrupted`.
+RUN = Kind("run", Job, "r", max_attempts=2, exhausted_code="platform_interrupted",
+           scope=or_(Job.reason.is_(None), ~_DISTILLING), needs_lease=Job.status == "running")
+# A distiller of a distill-shortcut job: not a run (it holds no training worker).
+DISTILL = Kind("distill", Job, "d", max_attempts=2, exhausted_code="platform_interrupted", attempts="distill_attempts",
+               scope=_DISTILLING)
 
 
 def job_error(code: str, message: str, param: str | None = None) -> dict:
     return {"code": code, "message": message, "param": param}
 
 
-# A run's lease: what the run cap and "one run per account" count. A distill lease is not one.
-RUN_LEASE = Job.lease_owner.is_not(None) & or_(Job.reason.is_(None), Job.reason != DISTILLING)
-
-
-# -- locks ---------------------------------------------------------------------------------------
-def lock_scheduler(session: Session) -> None:
-    with session.no_autoflush:
-        session.execute(select(SchedulerLock.id).where(SchedulerLock.id == 1).with_for_update())
-
-
-def lock_account(session: Session, account_id: str) -> None:
-    """Take the account row's lock before any job row of the account is locked or changed."""
-    # Pending job changes must not be flushed (and their rows locked) before the account's lock.
-    with session.no_autoflush:
-        session.execute(select(Account.id).where(Account.id == account_id).with_for_update())
-
-
-def lock_owned(session: Session, model, row_id: str, account_id: str | None = None):
-    """A row of `model` (a job, a batch) under its account's lock, then its own: the read a
-    compare-and-set decides on. `account_id` scopes the lookup to one account (the API); None finds
-    any account's row (a run, a batch driver)."""
-    query = select(model.account_id).where(model.id == row_id)
-    if account_id is not None:
-        query = query.where(model.account_id == account_id)
-    owner = session.scalar(query)
-    if owner is None:
-        return None
-    lock_account(session, owner)
-    # populate_existing: a copy of the row read before the lock is refreshed, not trusted.
-    return session.scalar(
-        select(model).where(model.id == row_id).with_for_update().execution_options(populate_existing=True))
-
-
 def lock_job(session: Session, job_id: str, account_id: str | None = None) -> Job | None:
-    return lock_owned(session, Job, job_id, account_id)
+    return leases.lock_row(session, Job, job_id, account_id)
 
 
 # -- the account's slot -----------------------------------------------------------------------------
@@ -176,7 +137,8 @@ def finish(
         return Moved(False, job.status, f"the job is {job.status} already")
     lock_account(session, job.account_id)
     if job.reason == DISTILLING:  # the distiller's lease ends with the job: its result is discarded
-        job.lease_owner = job.lease_expires_at = job.control = None
+        leases.release(job)
+        job.control = None
     job.status, job.finished_at, job.updated_at, job.reason = status, now, now, None
     job.estimated_finish = None
     job.waiting_since = None
@@ -235,7 +197,7 @@ def resume(session: Session, job: Job, now: int) -> Moved:
 
 # -- runs: start, heartbeat, end, loss ---------------------------------------------------------------
 def account_has_run(session: Session, account_id: str, *, except_job: str | None = None) -> bool:
-    query = select(Job.id).where(Job.account_id == account_id, RUN_LEASE)
+    query = select(Job.id).where(Job.account_id == account_id, RUN.held())
     if except_job:
         query = query.where(Job.id != except_job)
     return session.scalar(query.limit(1)) is not None
@@ -254,10 +216,10 @@ def start(session: Session, job_id: str, now: int, *, owner: str, lease_s: int, 
     if billing_enabled and not billing.hold(session, job, now):
         finish(session, job, "failed", now, error=job_error("insufficient_quota", billing.shortfall_message(session, job)))
         return Moved(False, "failed", "insufficient_quota: the account's credit cannot fund it")
+    leases.take(RUN, job, owner, now, lease_s)
     job.status, job.reason, job.control, job.updated_at = "running", None, None, now
     job.started_at = job.started_at or now
-    job.attempts += 1
-    job.lease_owner, job.lease_expires_at, job.progress_at = owner, now + lease_s, now
+    job.progress_at = now
     waited = now - (job.waiting_since if job.waiting_since is not None else job.created_at)
     metrics.record_queue_wait(waited, model=job.model)
     job.run_started_at, job.waiting_since = now, None
@@ -265,36 +227,30 @@ def start(session: Session, job_id: str, now: int, *, owner: str, lease_s: int, 
     return Moved(True, "running")
 
 
-def renew(session: Session, job_id: str, owner: str, now: int, lease_s: int) -> int | None:
-    """The run's heartbeat: extend its lease. Returns the job's `progress_at` while `owner` holds
-    the lease, None once it does not (the run must stop and write nothing)."""
-    done = session.execute(
-        update(Job).where(Job.id == job_id, Job.lease_owner == owner).values(lease_expires_at=now + lease_s)
-    )
-    if done.rowcount != 1:
-        return None
-    return session.scalar(select(Job.progress_at).where(Job.id == job_id)) or now
+def progress(session: Session, job_id: str) -> int | None:
+    """What the run's heartbeat reads beside its renewal: when the run last wrote (the stall watchdog)."""
+    return session.scalar(select(Job.progress_at).where(Job.id == job_id))
 
 
 def _release(job: Job, now: int) -> None:
     if job.run_started_at is not None:
         job.run_seconds = (job.run_seconds or 0.0) + max(0, now - job.run_started_at)
-    job.lease_owner = job.lease_expires_at = job.run_started_at = job.run_placement_group = None
+    leases.release(job)
+    job.run_started_at = job.run_placement_group = None
     if job.control in ("pause", "cancel", "registering"):
         job.control = None
 
 
 def owned(session: Session, job_id: str, owner: str) -> Job | None:
     """The job under its locks if `owner` still holds its lease, else None."""
-    job = lock_job(session, job_id)
-    return job if job is not None and job.lease_owner == owner else None
+    return leases.owned(session, Job, job_id, owner)
 
 
 def run_ended(session: Session, job_id: str, owner: str, now: int, *, paused: bool) -> Moved:
     """The run stopped by itself without a result: it saw `pause` (and checkpointed) or `cancel`."""
     job = owned(session, job_id, owner)
     if job is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     _release(job, now)
     if paused:
         job.attempts -= 1  # a pause is not a lost run: the resumed run keeps its retry
@@ -307,14 +263,14 @@ def run_lost(session: Session, job_id: str, owner: str, now: int) -> Moved:
     """The run's own driver saw it lost (its task's worker or node died): `lose_run`, with the lease proven."""
     job = owned(session, job_id, owner)
     if job is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     return lose_run(session, job, now)
 
 
 def run_failed(session: Session, job_id: str, owner: str, now: int, code: str, message: str) -> Moved:
     job = owned(session, job_id, owner)
     if job is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     _release(job, now)
     if job.status in ENDED_STATUSES:  # cancelled while it failed: the cancel stands
         return Moved(False, job.status, f"the job is {job.status}")
@@ -326,7 +282,7 @@ def begin_registering(session: Session, job_id: str, owner: str, now: int) -> Mo
     refuse when it was cancelled or paused while the last step ran (then nothing is registered)."""
     job = owned(session, job_id, owner)
     if job is None:
-        return Moved(False, None, "the lease is not the caller's")
+        return leases.NOT_OWNED
     if job.status == "queued" and job.control is None:
         # Paused and resumed before the run saw the pause: the run never stopped, so its
         # finished adapter stands instead of a restart from the last checkpoint.
@@ -366,9 +322,9 @@ def lose_run(session: Session, job: Job, now: int) -> Moved:
     if job.status != "running":
         return Moved(True, job.status)
     job.control, job.estimated_finish = None, None
-    if job.attempts >= MAX_ATTEMPTS:
+    if leases.exhausted(RUN, job):
         return finish(session, job, "failed", now, error=job_error(
-            "platform_interrupted", "The worker running the job was lost and the job is not restarted."))
+            RUN.exhausted_code, "The worker running the job was lost and the job is not restarted."))
     job.status, job.updated_at, job.waiting_since = "queued", now, now
     add_event(session, job.id, now, "The run was lost with its worker or controller; the job is queued again "
               "and resumes from its last checkpoint.", level="warn")

@@ -26,3 +26,8 @@ class MergeError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message} ({self.code})"
+
+
+class MergeStopped(Exception):
+    """The merge's worker stopped it (its lease was lost, or the worker is shutting down): nothing is
+    recorded and what it wrote is left to whoever holds the merge now, who writes the same bytes."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,7 +25,7 @@ import ray
 from catalog.bases import BASES, BaseModelSpec
 from catalog.model_source import parse_model_source, resolve_base_dir
 from merge.adapter import LoraAdapter, validate_adapter
-from merge.errors import MergeError
+from merge.errors import MergeError, MergeStopped
 from merge.export import MANIFEST, NOTICE, licence_sources, manifest, manifest_bytes, notice_text, put_checked, reviewed_licence
 from merge.plan import INDEX, MergePlan, ShardJob, build_plan, pinned_digests
 from merge.shard import copy_file, merge_shard
@@ -69,13 +70,16 @@ def preflight(req: MergeRequest, store: ObjectStore | None = None) -> None:
         raise MergeError("merge_adapter_unavailable", "The adapter's files could not be read.") from exc
 
 
-def run_merge(req: MergeRequest, store: ObjectStore | None = None) -> MergeResult:
+def run_merge(req: MergeRequest, store: ObjectStore | None = None,
+              should_stop: Callable[[], bool] = lambda: False) -> MergeResult:
     """Merge the adapter into its base and store the export under `req.export_prefix`.
 
     `store` defaults to `open_object_store(*req.store_spec)`; the shard tasks receive it pickled.
     Needs a running Ray (the caller's). Raises MergeError; any other failure is `merge_failed`.
+    `should_stop()` is polled with the deadline: True stops the merge (MergeStopped), its shard
+    tasks cancelled and what it wrote left in place.
     """
-    deadline = time.monotonic() + req.deadline_s
+    deadline = _Deadline(time.monotonic() + req.deadline_s, should_stop)
     store = store or open_object_store(*req.store_spec)
     prefix = _export_prefix(req.export_prefix)
     writing = False
@@ -88,6 +92,8 @@ def run_merge(req: MergeRequest, store: ObjectStore | None = None) -> MergeResul
         extra_licences = licence_sources(licences, base_dir, set(pinned))
         writing = True
         return _write(req, store, prefix, deadline, plan, adapter, adapter_bytes, adapter_sha256, base_dir, extra_licences, attribution)
+    except MergeStopped:
+        raise
     except MergeError:
         if writing:
             store.delete_prefix(prefix + "/")
@@ -145,12 +151,13 @@ def _merge_shard(req: MergeRequest, job: ShardJob, store: ObjectStore, key: str,
     return merge_shard(job, str(base_dir / job.path), store, key, adapter, scale)
 
 
-def _wait(tasks: list, deadline: float) -> list[dict]:
-    """The shard tasks' results; the first failure (or the deadline) cancels the rest."""
+def _wait(tasks: list, deadline: _Deadline) -> list[dict]:
+    """The shard tasks' results; the first failure (or the deadline, or a stop) cancels the rest."""
     pending, results = list(tasks), []
     while pending:
         _check_deadline(deadline)
-        ready, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+        # Woken at least every second: a stop is seen within one.
+        ready, pending = ray.wait(pending, num_returns=1, timeout=min(1.0, max(0.0, deadline.at - time.monotonic())))
         for ref in ready:
             try:
                 results.append(ray.get(ref))
@@ -171,8 +178,16 @@ def _cancel(tasks: list) -> None:
     ray.wait(left, num_returns=len(left), timeout=CANCEL_GRACE_S)
 
 
-def _check_deadline(deadline: float) -> None:
-    if time.monotonic() >= deadline:
+@dataclass(frozen=True)
+class _Deadline:
+    at: float  # time.monotonic() when the attempt's time is up
+    should_stop: Callable[[], bool]
+
+
+def _check_deadline(deadline: _Deadline) -> None:
+    if deadline.should_stop():
+        raise MergeStopped()
+    if time.monotonic() >= deadline.at:
         raise MergeError("merge_timeout", "The merge did not finish within its time limit and was stopped.")
 
 

@@ -84,16 +84,30 @@ class PayloadTooLarge(ServiceError):
     retryable = False
 
 
+class HeadTooLarge(ServiceError):
+    """431: more header fields, or longer ones, than the server reads (serve_app/request_head.py)."""
+
+    status = 431
+    type = "invalid_request_error"
+    retryable = False
+
+
+class UriTooLong(HeadTooLarge):
+    """414: a request line longer than the server reads."""
+
+    status = 414
+
+
 class RangeNotSatisfiable(ServiceError):
-    """416 for a download's Range that starts at or past the file's end, with its size in Content-Range."""
+    """416 for a download's Range of which no byte is in the file, saying why, with the file's size in
+    Content-Range."""
 
     status = 416
     type = "invalid_request_error"
     retryable = False
 
-    def __init__(self, size: int):
-        super().__init__(f"The requested range starts past the file's end ({size} bytes).",
-                         code="range_not_satisfiable", param="range")
+    def __init__(self, size: int, message: str):
+        super().__init__(message, code="range_not_satisfiable", param="range")
         self.headers = {"content-range": f"bytes */{size}"}
 
 
@@ -134,3 +148,33 @@ def unknown_parameter(key: str, parent: str | None = None) -> InvalidRequest:
         )
     param = f"{parent}.{key}" if parent else key
     return InvalidRequest(f"{param} is not a parameter of this API; remove it.", code="unknown_parameter", param=param)
+
+
+# -- a run's failures ------------------------------------------------------------------------------
+# The reference's job error codes that training itself (tokenization included) can produce.
+ERROR_CODES = (
+    "invalid_row",
+    "template_mismatch",
+    "context_too_long",
+    "time_limit_exceeded",
+    "platform_interrupted",
+    "adapter_too_large",
+    "training_failed",
+)
+
+
+class TrainingError(Exception):
+    """A failure the job records as `error = {code, message}`; the message never holds row content."""
+
+    def __init__(self, code: str, message: str):
+        if code not in ERROR_CODES:
+            raise ValueError(f"TrainingError code {code!r} is not one of: {', '.join(ERROR_CODES)}")
+        super().__init__(code, message)
+        self.code = code
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+    def __reduce__(self):
+        return (TrainingError, (self.code, self.message))

@@ -2,7 +2,9 @@
 the per-job minimum.
 
 It is a plain pydantic model so that `Settings` can carry it (and an operator can replace it as
-JSON); nothing here reads the environment. The defaults are plausible list prices, in USD per
+JSON); nothing here reads the environment. That a table prices every base of the catalog is the
+catalog's check (catalog/bases.py `unpriced`), which `openft serve` runs before it starts
+(entrypoints/preflight.py): the core imports nothing above it. The defaults are plausible list prices, in USD per
 million trained tokens, scaled with the GPU time a token costs on each base. QLoRA is charged the
 LoRA rate (one rate per base), long-context jobs the same rate, and DPO twice the supervised rate
 because it trains about 2 times slower (reference pass, two answers per prompt).
@@ -10,9 +12,7 @@ because it trains about 2 times slower (reference pass, two answers per prompt).
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from catalog.bases import BASES
+from pydantic import BaseModel, ConfigDict, Field
 
 
 class BaseRate(BaseModel):
@@ -52,15 +52,7 @@ class PriceTable(BaseModel):
     minimum_usd: float = Field(0.50, ge=0)
     """The least a succeeded job is charged."""
     rates: dict[str, BaseRate] = Field(default_factory=lambda: dict(DEFAULT_RATES))
-    """Per base id; must cover every catalog base."""
-
-    @model_validator(mode="after")
-    def _covers_catalog(self) -> PriceTable:
-        # A base without a price would only fail at its first create; fail at startup instead.
-        missing = [base_id for base_id in BASES if base_id not in self.rates]
-        if missing:
-            raise ValueError(f"the price table has no rate for: {', '.join(missing)}")
-        return self
+    """Per base id; must cover every catalog base (catalog/bases.py `unpriced`)."""
 
     def batch_usd_per_mtok(self, model: str) -> float:
         rate = self.rates[model]

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic import AliasChoices, Field, IPvAnyNetwork, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from openft.pricing import PriceTable
@@ -58,8 +58,12 @@ class Settings(BaseSettings):
     )
     billing_enabled: bool = Field(
         False,
-        description="Credit holds and per-token charges (see README, Billing). Off by default so the embedded "
+        description="Credit holds and per-token charges (docs/billing.md). Off by default so the embedded "
         "laptop setup trains without deposits; production sets OPENFT_BILLING_ENABLED=true.",
+    )
+    api_keys_per_account: int = Field(
+        20, ge=1, description="Working API keys (not revoked, not expired) one account may hold; another create "
+        "answers 429 limit_exceeded.",
     )
     admin_key: str | None = Field(
         None, description="Bearer key of the admin API (/v1/gridline/admin); unset, that API answers 404."
@@ -148,9 +152,10 @@ class Settings(BaseSettings):
     )
     signing_secret: str | None = Field(
         None,
-        description="Secret of the app's download URLs (local storage): their tokens are encrypted and "
-        "authenticated with a key derived from it; default a random key kept in the data dir. Set it when API "
-        "replicas do not share a data dir.",
+        description="The secret the service's own keys are derived from (openft/sealing.py): the download URLs' "
+        "tokens (local storage) and the webhook signing secrets stored in the database are encrypted with them; "
+        "default a random key kept in the data dir. Set it when API replicas and the controller do not share a data "
+        "dir; changing it invalidates download links and makes the stored webhook secrets unreadable.",
     )
 
     # -- API surface (issue 12): who may read the API docs, and the base of the URLs redirects name --
@@ -178,17 +183,18 @@ class Settings(BaseSettings):
             raise ValueError("public_base_url must be an http(s) URL with a host and no query, e.g. https://ft.example.com")
         return value.rstrip("/")
 
-    # -- Rate limits per API key and uploads in flight per account (serve_app/rate_limits.py) --
+    # -- Rate limits per account (its API keys together) and uploads in flight per account (serve_app/rate_limits.py) --
     rate_limit_requests_per_second: float = Field(
-        50.0, ge=0, description="Token bucket on every authenticated request, per API key, shared by all replicas "
-        "through the database; 0 = unlimited (no database write per request).",
+        50.0, ge=0, description="Token bucket on every authenticated request, per account (all its API keys "
+        "together, so that more keys are not more requests), shared by all replicas through the database; "
+        "0 = unlimited (no database write per request).",
     )
-    rate_limit_requests_burst: int = Field(100, ge=1, description="Requests a key may make at once before the rate applies.")
+    rate_limit_requests_burst: int = Field(100, ge=1, description="Requests an account may make at once before the rate applies.")
     rate_limit_heavy_per_second: float = Field(
-        2.0, ge=0, description="A stricter bucket, per API key, on uploads (POST /v1/files) and job creates together, "
+        2.0, ge=0, description="A stricter bucket, per account, on uploads (POST /v1/files) and job creates together, "
         "on top of the general one; 0 = unlimited.",
     )
-    rate_limit_heavy_burst: int = Field(10, ge=1, description="Uploads and job creates a key may make at once.")
+    rate_limit_heavy_burst: int = Field(10, ge=1, description="Uploads and job creates an account may make at once.")
     uploads_in_flight_per_account: int = Field(
         4, ge=0, description="Uploads of one account receiving their body at once, across all replicas; a further "
         "one answers 429 rate_limit_exceeded. 0 = unlimited.",
@@ -211,6 +217,18 @@ class Settings(BaseSettings):
         description="Requests one API replica takes at once (Ray Serve's max_ongoing_requests, default 5 there). "
         "Handlers are async or run on a 40-thread pool, so a replica serves far more than 5; a low cap queues "
         "list/retrieve calls in the proxy behind uploads that hold their slot for the length of the transfer.",
+    )
+    http_max_headers: int = Field(
+        100, ge=1, description="Header fields one request may have; more are refused 431 too_many_headers before "
+        "anything else (serve_app/request_head.py). The Serve proxy reads it from its own environment.",
+    )
+    http_max_header_field_bytes: int = Field(
+        8192, ge=256, description="Longest header field (name and value), and longest request line (414 "
+        "uri_too_long); a longer field is refused 431 header_too_large.",
+    )
+    http_max_header_bytes: int = Field(
+        32768, ge=1024, description="The request line and every header field together; more is refused 431 "
+        "headers_too_large, by the Serve proxy as soon as it has read that much.",
     )
     body_idle_timeout_seconds: float = Field(
         30.0, gt=0, description="A request body that sends no byte for this long is refused 408 request_timeout."
@@ -308,9 +326,9 @@ class Settings(BaseSettings):
         "answers 429 rate_limit_exceeded with Retry-After. 0 = unlimited.",
     )
     rate_limit_generations_per_second: float = Field(
-        10.0, ge=0, description="A bucket per API key on chat completions, on top of the general one; 0 = unlimited.",
+        10.0, ge=0, description="A bucket per account on chat completions, on top of the general one; 0 = unlimited.",
     )
-    rate_limit_generations_burst: int = Field(20, ge=1, description="Chat completions a key may start at once.")
+    rate_limit_generations_burst: int = Field(20, ge=1, description="Chat completions an account may start at once.")
     # -- end online --
     # -- graders (issue 25): the python sandbox's limits (OpenAI's by default) and model graders --
     grader_python_wall_seconds: float = Field(120.0, gt=0, description="A python grader's run is killed past this wall time.")
@@ -325,8 +343,8 @@ class Settings(BaseSettings):
     # -- end graders --
     # -- webhooks (issue 16, webhooks/delivery.py) --
     webhook_timeout_seconds: float = Field(
-        10.0, gt=0, description="One delivery POST (connect and answer) may take this long; past it the attempt "
-        "failed (timeout) and is retried.",
+        10.0, gt=0, description="One delivery attempt, and one `test` POST, all told: name lookup, connect, TLS, the "
+        "request and the answer's status line and headers. Past it the attempt failed (timeout) and is retried.",
     )
     webhook_backoff_seconds: float = Field(
         30.0, gt=0, description="Wait before the second attempt; each later wait doubles, up to "
@@ -344,7 +362,18 @@ class Settings(BaseSettings):
         "delivery only after it lapses. Keep it well above webhook_timeout_seconds.",
     )
     webhook_poll_seconds: float = Field(1.0, gt=0, description="How often the controller's deliverer looks for due deliveries.")
-    webhook_concurrency: int = Field(4, ge=1, description="Deliveries one deliverer POSTs at once.")
+    webhook_concurrency: int = Field(
+        16, ge=1, description="Deliveries one deliverer POSTs at once; it claims the next due one as soon as one ends.",
+    )
+    webhook_endpoint_concurrency: int = Field(
+        2, ge=1, description="Deliveries one deliverer POSTs at once to one endpoint URL, so that a slow receiver "
+        "holds at most this many of the webhook_concurrency slots.",
+    )
+    webhook_allowed_networks: list[IPvAnyNetwork] = Field(
+        default_factory=list, description="Networks webhooks may reach although the address rule refuses them "
+        '(loopback, private, link-local, multicast, cloud metadata: webhooks/targets.py), e.g. ["10.20.0.0/16"] '
+        "for a receiver inside the operator's network. Empty: none.",
+    )
     webhook_endpoints_per_account: int = Field(
         20, ge=0, description="Webhook endpoints one account may register; another create answers 429 limit_exceeded.",
     )

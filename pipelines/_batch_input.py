@@ -21,6 +21,7 @@ ALLOWED_BODY = frozenset(
      "user", "metadata", "store")
 )  # fmt: skip
 _ROLES = ("system", "developer", "user", "assistant")
+MESSAGE_KEYS = frozenset(("role", "content"))
 MAX_STOP = 4  # OpenAI's limit on `stop` sequences
 
 
@@ -105,9 +106,7 @@ def _request(row: dict) -> Request:
         raise _Refused(_invalid("body", "must be a JSON object"))
     for name in body:
         if name not in ALLOWED_BODY:
-            shown = name if name.isidentifier() and len(name) <= 64 else "a field"
-            raise _Refused(LineError(400, "unsupported_field", f"body.{shown} is not supported in batches here; remove it.",
-                                     f"body.{shown}"))  # fmt: skip
+            raise _Refused(_unsupported_field("body", name))
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _Refused(_invalid("body.model", "must be a model name"))
@@ -117,8 +116,14 @@ def _request(row: dict) -> Request:
     for i, m in enumerate(messages):
         if not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str):
             raise _Refused(_invalid(f"body.messages[{i}]", "must be a system, user or assistant message with text content"))
+        for name in m:  # `name` and the tool fields would change the prompt; dropping them would run another one
+            if name not in MESSAGE_KEYS:
+                raise _Refused(_unsupported_field(f"body.messages[{i}]", name))
     messages = [{"role": "system" if m["role"] == "developer" else m["role"], "content": m["content"]} for m in messages]
-    if body.get("n", 1) != 1:
+    n = body.get("n")
+    if n is not None and not _is_int(n):  # true and 1.0 equal 1 in Python, but are not the integer 1
+        raise _Refused(_invalid("body.n", "must be an integer"))
+    if n not in (None, 1):
         raise _Refused(LineError(400, "unsupported_value", "body.n must be 1 in batches here.", "body.n"))
     if body.get("stream") not in (None, False):
         raise _Refused(LineError(400, "unsupported_value", "body.stream must be false in batches.", "body.stream"))
@@ -139,6 +144,12 @@ def _request(row: dict) -> Request:
     if not isinstance(stop, (list, tuple)) or len(stop) > MAX_STOP or not all(isinstance(s, str) and s for s in stop):
         raise _Refused(_invalid("body.stop", f"must be a string or a list of up to {MAX_STOP} non-empty strings"))
     return Request(model, messages, max_tokens, temperature, top_p, seed, tuple(stop))
+
+
+def _unsupported_field(where: str, name: str) -> LineError:
+    shown = name if name.isidentifier() and len(name) <= 64 else "a field"
+    return LineError(400, "unsupported_field", f"{where}.{shown} is not supported in batches here; remove it.",
+                     f"{where}.{shown}")
 
 
 def _is_int(value) -> bool:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from catalog.bases import BaseModelSpec
-from pipelines.generate import GenRequest, GenResult, adapter_rank, end_of_turn_ids
+from pipelines.engine import GenRequest, GenResult, adapter_rank, end_of_turn_ids
 
 
 class VllmEngine:

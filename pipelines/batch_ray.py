@@ -38,39 +38,14 @@ from catalog.bases import get_base
 from openft.errors import InvalidRequest
 from openft.settings import Settings
 from pipelines._batch_input import Line, LineError, error_line, not_run_line, output_line, parse_line
-from pipelines.generate import GenRequest, GenResult, SamplingParams, load_engine, prompt_for
+from pipelines.batch_plan import BatchModel, BatchPlan, LineRefusal
+from pipelines.engine import GenRequest, GenResult, SamplingParams
+from pipelines.generate import load_engine, prompt_for
 from storage.keys import ADAPTER_FILES
 
 STOP_MARKER = "STOP"
 _POLL_SECONDS = 0.5
 _PREFIX = 17  # "%016x " before each shard line: the line number, for the merge
-
-
-@dataclass(frozen=True)
-class BatchModel:
-    name: str  # as input lines name it in body.model (base id, ft: name, checkpoint name)
-    adapter_prefix: str | None  # store prefix (ends with "/") of the STAGED peft adapter files; None = base
-
-
-@dataclass(frozen=True)
-class LineRefusal:
-    status_code: int
-    code: str
-    message: str
-
-
-@dataclass(frozen=True)
-class BatchPlan:
-    batch_id: str
-    account_id: str
-    base_id: str
-    input_key: str
-    models: tuple[BatchModel, ...]
-    refused_models: dict[str, LineRefusal]
-    output_key: str
-    error_key: str
-    shard_prefix: str
-    created_at: int
 
 
 @dataclass(frozen=True)

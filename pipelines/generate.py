@@ -1,8 +1,10 @@
 """Batch generation: prompt rendering and a multi-LoRA engine over one base. Pure, no Ray.
 
 `pipelines/batch_ray.py` holds one engine per Ray actor; the serving-parity check
-(train/parity.py) uses the same engine. An `Engine` takes `GenRequest`s (prompt ids, the adapter
-by name, sampling params) and returns one `GenResult` per request, in request order.
+(train/parity.py) uses the same engine. An `Engine` (pipelines/engine.py, the contract both
+engines implement) takes `GenRequest`s (prompt ids, the adapter by name, sampling params) and
+returns one `GenResult` per request, in request order; `load_engine` picks the transformers
+engine here or the vLLM one (pipelines/_vllm_engine.py).
 
 The transformers engine (`TransformersEngine`) is our own decode loop, not `model.generate`:
 - the base is loaded once and every adapter of the batch is loaded onto it by name (peft
@@ -23,55 +25,21 @@ The transformers engine (`TransformersEngine`) is our own decode loop, not `mode
 
 from __future__ import annotations
 
-import json
 import secrets
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
 from catalog.bases import BaseModelSpec
 from openft.errors import InvalidRequest
+from pipelines.engine import Engine, GenRequest, GenResult, SamplingParams, end_of_turn_ids
+from openft.errors import InvalidRequest
 from pipelines.render import render_generation_prompt
 
 BASE_ADAPTER = "__base__"  # peft's name for "no adapter" in a mixed batch
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    max_tokens: int
-    temperature: float = 1.0  # 0 => greedy (deterministic)
-    top_p: float = 1.0
-    seed: int | None = None  # per-request generator seed when sampling
-    stop: tuple[str, ...] = ()  # extra stop strings (OpenAI `stop`); the base's end-of-turn always stops
-
-
-@dataclass(frozen=True)
-class GenRequest:
-    key: int  # caller's row index; results come back with it
-    adapter: str | None  # adapter name as loaded (None = the base alone)
-    prompt_ids: tuple[int, ...]
-    params: SamplingParams
-
-
-@dataclass(frozen=True)
-class GenResult:
-    key: int
-    token_ids: tuple[int, ...]  # completion tokens (a closing end-of-turn token included)
-    text: str  # the end-of-turn token and anything from a stop string on excluded
-    finish_reason: str  # "stop" | "length"
-    prompt_tokens: int
-    completion_tokens: int  # counted with the base's tokenizer: len(token_ids)
-
-
-class Engine(Protocol):
-    def generate(self, requests: Sequence[GenRequest], should_stop: Callable[[], bool] | None = None) -> list[GenResult]:
-        """One result per request in request order; when `should_stop()` turns True (it is polled
-        between decode steps) only the rows finished by then come back."""
-        ...
 
 
 def render_prompt(messages: list[dict], tokenizer, base: BaseModelSpec, line_no: int = 0) -> list[int]:
@@ -95,14 +63,6 @@ def prompt_for(messages: list[dict], max_tokens: int | None, tokenizer, base: Ba
             f"context of {base.id}; shorten the messages or lower max_tokens.",
             code="context_length_exceeded", param="body.messages")  # fmt: skip
     return ids, max_tokens
-
-
-def end_of_turn_ids(tokenizer, base: BaseModelSpec) -> tuple[int, ...]:
-    """The id of the token that closes an assistant turn of the last message (what training taught)."""
-    token_id = tokenizer.convert_tokens_to_ids(base.end_of_turn)
-    if token_id is None or token_id == tokenizer.unk_token_id:
-        raise ValueError(f"The tokenizer of {base.id} has no {base.end_of_turn} token.")
-    return (token_id,)
 
 
 def load_engine(
@@ -133,10 +93,6 @@ def load_engine(
     for name, files in sorted(adapters.items()):
         engine.add_adapter(name, files)
     return engine
-
-
-def adapter_rank(files: dict[str, bytes]) -> int:
-    return int(json.loads(files["adapter_config.json"])["r"])
 
 
 @dataclass

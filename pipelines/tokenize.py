@@ -42,10 +42,9 @@ import pyarrow.parquet as pq
 
 from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import ModelSource, load_tokenizer
-from openft.errors import InvalidRequest
+from openft.errors import InvalidRequest, TrainingError
 from pipelines.render import render_preference_row, render_row
 from storage import keys
-from train.config import TrainingError
 
 IGNORE_INDEX = -100  # label of a context token (PyTorch cross_entropy's ignore_index)
 ROLES = ("system", "user", "assistant", "template")  # "template": markup outside every message

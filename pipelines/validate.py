@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from catalog.bases import BASES
+from openft.limits import FINE_TUNE_FILE_BYTES
 from pipelines._rows import (
     EMPTY_FILE,
     LINE_CHECKS,
@@ -25,7 +26,6 @@ from pipelines._rows import (
 )
 
 __all__ = [
-    "MAX_FILE_BYTES",
     "BlockResult",
     "FileStats",
     "FileValidationError",
@@ -38,7 +38,6 @@ __all__ = [
     "scan_lines",
 ]
 
-MAX_FILE_BYTES = 64 << 20
 _MESSAGE_OVERHEAD = max(b.message_overhead_tokens for b in BASES.values())
 _ROW_OVERHEAD = max(b.row_overhead_tokens for b in BASES.values())
 
@@ -162,7 +161,7 @@ class StreamingValidator:
     `build_validation` over the stored file continues (`complete` says whether it must).
     """
 
-    def __init__(self, purpose: str, *, max_bytes: int = MAX_FILE_BYTES, full_check_bytes: int | None = None):
+    def __init__(self, purpose: str, *, max_bytes: int = FINE_TUNE_FILE_BYTES, full_check_bytes: int | None = None):
         if purpose not in LINE_CHECKS:
             raise ValueError(f"no line rules for purpose {purpose!r}")
         self.purpose = purpose

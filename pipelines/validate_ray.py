@@ -18,8 +18,9 @@ from typing import Any
 
 import ray
 
+from openft.limits import FINE_TUNE_FILE_BYTES
 from pipelines._rows import FileValidationError
-from pipelines.validate import MAX_FILE_BYTES, BlockResult, FileStats, Tally, file_too_large, scan_lines
+from pipelines.validate import BlockResult, FileStats, Tally, file_too_large, scan_lines
 from storage.objects import ObjectStore, open_object_store
 
 # Bytes read past each nominal block boundary to find the next line start. A boundary with no
@@ -88,7 +89,7 @@ def build_validation(
     start_line: int = 1,
     block_bytes: int = 64 << 20,
     head_stats: FileStats | None = None,
-    max_bytes: int = MAX_FILE_BYTES,
+    max_bytes: int = FINE_TUNE_FILE_BYTES,
     name: str | None = None,
 ) -> FileStats:
     """Check the lines of stored object `key` from `start_offset` (line `start_line`) to its end.

@@ -11,24 +11,14 @@ from fastapi import APIRouter, Depends, FastAPI
 from openft.settings import Settings
 from serve_app.errors import install_error_handlers
 from serve_app.request_body import BodyLimit
+from serve_app.request_head import HeadLimit, HeadLimits
 from serve_app.request_params import refuse_nul_params
-from serve_app.routers import (
-    adapters,
-    admin,
-    api_docs,
-    batches,
-    chat,
-    dashboard,
-    evals,
-    files,
-    fine_tuning_jobs,
-    graders,
-    models,
-    webhooks,
-)
+from serve_app.routers import (adapters, admin, api_docs, api_keys, batches, chat, dashboard, evals, files,
+                               fine_tuning_jobs, graders, models, webhooks)
 from serve_app.services.retention import reap_once
 from serve_app.slow_clients import install_slow_body_guard
 from serve_app.state import AppState
+from webhooks.secrets import SecretBox, seal_stored
 
 log = logging.getLogger("openft.api")
 
@@ -47,6 +37,8 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
+        # Webhook secrets stored before they were sealed (migration 0012) are sealed at the first start.
+        await asyncio.to_thread(seal_stored, state.db, SecretBox(state.settings))
         task = asyncio.create_task(_reaper(state))
         try:
             yield
@@ -67,6 +59,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(graders.router)
     v1.include_router(evals.router)
     v1.include_router(chat.router)
+    v1.include_router(api_keys.router)
     # Without an admin key the admin API answers 404, so the schema must not list it either.
     v1.include_router(admin.router, include_in_schema=bool(settings.admin_key))
     app.include_router(v1)
@@ -76,4 +69,5 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     # the reads BodyLimit makes (it reads bounded JSON bodies whole) are timed too.
     app.add_middleware(BodyLimit, routes=app.router.routes)
     install_slow_body_guard(app, settings)
+    app.add_middleware(HeadLimit, limits=HeadLimits.of(settings))  # outermost: before anything reads the head
     return app

@@ -1,5 +1,6 @@
-"""Route dependencies that admit a request: the bearer key of every /v1 route, and the rate limits
-of `serve_app.rate_limits` (the general bucket here, the stricter one and upload slots by route)."""
+"""Route dependencies that admit a request: the bearer key of every /v1 route (a working key of the
+account: serve_app/services/api_keys.py), and the rate limits of `serve_app.rate_limits` (the
+general bucket here, the stricter one and upload slots by route)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from fastapi import Depends, Request
 
 from openft.errors import Unauthorized
 from serve_app import rate_limits
-from storage.accounts import account_for_key
+from serve_app.services.api_keys import authenticate
 from storage.models import Account
 
 
@@ -19,14 +20,10 @@ def current_account(request: Request) -> Account:
     if scheme.lower() != "bearer" or not key.strip():
         raise Unauthorized("Missing API key: send it as 'Authorization: Bearer KEY'.", code="missing_api_key")
     state = request.app.state.openft
-    refusal = None
     # One session for the key and its bucket: the limit costs one statement, not a transaction.
     with state.db.session() as session:
-        account = account_for_key(session, key.strip())
-        if account is not None:
-            refusal = rate_limits.take(session, state.settings, account.id, rate_limits.GENERAL)
-    if account is None:
-        raise Unauthorized("Incorrect API key provided.", code="invalid_api_key")
+        account = authenticate(session, key.strip(), state.now())
+        refusal = rate_limits.take(session, state.settings, account.id, rate_limits.GENERAL)
     if refusal is not None:
         raise refusal
     return account

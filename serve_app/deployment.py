@@ -36,7 +36,7 @@ class OpenFTAPI:
         self.settings, self.online = settings, online or {}
 
     def __serve_build_asgi_app__(self):
-        return create_app(self.settings, AppState.from_settings(self.settings, self.online))
+        return create_app(self.settings, AppState.from_settings(self.settings, online=dict(self.online)))
 
 
 def build_app(settings: Settings):

@@ -1,4 +1,4 @@
-"""Rate limits per API key and a cap on uploads in flight per account, shared by every replica.
+"""Rate limits per account (all its API keys together) and a cap on uploads in flight per account, shared by every replica.
 
 Where the counts live: in the metadata database, not in a Ray actor. The app also runs without
 Ray (plain uvicorn over `create_app`), every request already opens a database session to look up
@@ -10,7 +10,7 @@ shared 2-core test machine, +0.4 ms of database work per request on SQLite and +
 PostgreSQL, and 64 clients' throughput with limits on within noise of it with them off.
 
 The route dependencies that apply these sit in `serve_app.auth`:
-- Every authenticated request takes a token from the key's general bucket
+- Every authenticated request takes a token from its account's general bucket
   (`rate_limit_requests_per_second`, `rate_limit_requests_burst`): `current_account`.
 - Uploads and job creates also take one from a stricter bucket they share
   (`rate_limit_heavy_per_second`, `rate_limit_heavy_burst`): `heavy_request`.
@@ -38,12 +38,12 @@ import logging
 import secrets
 from typing import TYPE_CHECKING, AsyncIterator
 
-from jobs.transitions import lock_account
 from openft.errors import RateLimited
 from openft.settings import Settings
 from serve_app.state import AppState
 from storage import rate_limits as repo
 from storage.db import Database
+from storage.leases import lock_account
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -67,7 +67,7 @@ def take(session: Session, settings: Settings, account_id: str, bucket: str) -> 
     if wait <= 0:
         return None
     what = {GENERAL: "requests", HEAVY: "uploads and fine-tuning job creates", GENERATIONS: "chat completions"}[bucket]
-    return RateLimited(f"Rate limit reached for {what}: {rate:g} per second with bursts of {burst} per API key. "
+    return RateLimited(f"Rate limit reached for {what}: {rate:g} per second with bursts of {burst} per account. "
                        "Retry after the time in the Retry-After header.", code="rate_limit_exceeded", retry_after=wait)
 
 

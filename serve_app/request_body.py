@@ -31,6 +31,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openft.errors import ECHOED_NAME_CHARS, InvalidRequest, PayloadTooLarge
 from serve_app.errors import error_response
+from serve_app.request_params import bounded_count
 
 KIB, MIB = 1024, 1024 * 1024
 DEFAULT_BODY_LIMIT = 64 * KIB
@@ -76,14 +77,20 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
+def declared_length(value: str | bytes | None) -> int | None:
+    """A Content-Length's number (request_params.bounded_count: past every limit when too long);
+    None when there is none or it is not one (the HTTP server refuses those before the app; if one
+    did not, the body's bytes are counted instead)."""
+    if value is None:
+        return None
+    text = (value.decode("latin-1") if isinstance(value, bytes) else value).strip()
+    if not text.isascii() or not text.isdigit():
+        return None
+    return bounded_count(text)
+
+
 def _declared_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name == b"content-length":
-            try:
-                return int(value)
-            except ValueError:  # the HTTP server refuses these before the app; if not, count the bytes
-                return None
-    return None
+    return declared_length(next((v for n, v in scope.get("headers", ()) if n == b"content-length"), None))
 
 
 class BodyLimit:

@@ -1,50 +1,29 @@
-"""Account repository: creation with a fresh API key, and key lookup for authentication."""
+"""Account repository: creation with a first API key (storage/api_keys.py holds the keys), lookup by
+name, and the operator-set limits row."""
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import secrets
 import time
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from openft.ids import new_id, org_id
+from storage.api_keys import add_key
 from storage.models import Account, AccountLimits
 
-KEY_PREFIX = "sk-openft-"
-
-
-def _key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
+FIRST_KEY_NAME = "default"
 
 
 def create_account(session: Session, name: str, *, open_jobs_limit: int) -> tuple[Account, str]:
-    """Create an account; returns it with its API key, which is shown once and stored hashed."""
-    key = KEY_PREFIX + secrets.token_urlsafe(32)
-    account = Account(
-        id=new_id("acct-", 24),
-        name=name,
-        org_id=org_id(),
-        key_sha256=_key_digest(key),
-        key_hint=key[-4:],
-        open_jobs_limit=open_jobs_limit,
-        created_at=int(time.time()),
-    )
+    """Create an account with one key, named `default`; returns it with the key, which is shown once."""
+    account_id, now = new_id("acct-", 24), int(time.time())
+    account = Account(id=account_id, name=name, org_id=org_id(), retired_key_sha256=f"retired:{account_id}",
+                      retired_key_hint="", open_jobs_limit=open_jobs_limit, created_at=now)
     session.add(account)
     session.flush()
+    _, key = add_key(session, account.id, FIRST_KEY_NAME, now)
     return account, key
-
-
-def account_for_key(session: Session, key: str) -> Account | None:
-    digest = _key_digest(key)
-    account = session.scalar(select(Account).where(Account.key_sha256 == digest))
-    # The index seek already matched; compare in constant time anyway so that no code path's
-    # timing depends on how much of a guessed key is right.
-    if account is None or not hmac.compare_digest(account.key_sha256, digest):
-        return None
-    return account
 
 
 def get_account_by_name(session: Session, name: str) -> Account | None:

@@ -8,6 +8,7 @@ from typing import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from storage import paging
 from storage.models import Batch
 
 OPEN_STATUSES = ("validating", "in_progress", "finalizing", "cancelling")
@@ -25,14 +26,8 @@ def count_open(session: Session, account_id: str) -> int:
 
 def list_batches(session: Session, account_id: str, *, limit: int, after: str | None) -> tuple[Sequence[Batch], bool]:
     """Newest first; `after` is the id of the last batch of the previous page."""
-    query = select(Batch).where(Batch.account_id == account_id)
-    if after:
-        cursor = get_batch(session, account_id, after)
-        if cursor is not None:
-            query = query.where((Batch.created_ns < cursor.created_ns)
-                                | ((Batch.created_ns == cursor.created_ns) & (Batch.id < cursor.id)))
-    rows = session.scalars(query.order_by(Batch.created_ns.desc(), Batch.id.desc()).limit(limit + 1)).all()
-    return rows[:limit], len(rows) > limit
+    cursor = get_batch(session, account_id, after) if after else None
+    return paging.page(session, select(Batch).where(Batch.account_id == account_id), Batch, cursor, limit)
 
 
 def batch_for_output(session: Session, account_id: str, file_id: str) -> Batch | None:

@@ -20,12 +20,14 @@ tokens x rate without the minimum. Any other failure and a cancel: nothing.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from storage import paging
 from storage.models import Account, Job, LedgerEntry, OnlineUsage
 
 USER_SIDE_FAILURES = frozenset({"adapter_quota_exceeded"})
@@ -162,6 +164,14 @@ def settle(session: Session, job: Job, now: int) -> None:
         add_entry(session, job.account_id, "charge", -cents, now, job_id=job.id, key=f"charge:{job.id}")
     job.charge = {"usd": to_usd(cents), "cents": cents, "basis": basis, "trained_tokens": job.trained_tokens or 0,
                   "trained_usd_per_mtok": job.quote["per_token"]["trained_usd_per_mtok"]}
+
+
+def list_entries(session: Session, account_id: str, *, limit: int, after: int | None) -> tuple[Sequence[LedgerEntry], bool]:
+    """The account's ledger, newest first; `after` is the id (seq) of the last entry of the previous page."""
+    query = select(LedgerEntry).where(LedgerEntry.account_id == account_id)
+    if after is not None:
+        query = query.where(LedgerEntry.seq < after)
+    return paging.first(session, query.order_by(LedgerEntry.seq.desc()), limit)  # keyed by seq alone: it is unique
 
 
 # -- online chat completions (issue 27) --

@@ -7,6 +7,7 @@ from typing import Sequence
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from storage import paging
 from storage.models import File
 
 
@@ -42,24 +43,17 @@ def list_files(
     query = select(File).where(File.account_id == account_id, File.deleted_at.is_(None))
     if purpose:
         query = query.where(File.purpose == purpose)
-    desc = order == "desc"
-    if after:
-        cursor = get_file(session, account_id, after)
-        if cursor is not None:
-            ns, fid = File.created_ns, File.id
-            if desc:
-                query = query.where((ns < cursor.created_ns) | ((ns == cursor.created_ns) & (fid < cursor.id)))
-            else:
-                query = query.where((ns > cursor.created_ns) | ((ns == cursor.created_ns) & (fid > cursor.id)))
-    if desc:
-        query = query.order_by(File.created_ns.desc(), File.id.desc())
-    else:
-        query = query.order_by(File.created_ns.asc(), File.id.asc())
-    rows = session.scalars(query.limit(limit + 1)).all()
-    return rows[:limit], len(rows) > limit
+    cursor = get_file(session, account_id, after) if after else None
+    return paging.page(session, query, File, cursor, limit, descending=order == "desc")
 
 
 def expired_files(session: Session, now: int, limit: int = 1000) -> Sequence[File]:
     return session.scalars(
         select(File).where(File.deleted_at.is_(None), File.expires_at.is_not(None), File.expires_at <= now).limit(limit)
     ).all()
+
+
+def files_by_id(session: Session, file_ids: list[str | None]) -> dict[str, File]:
+    """The rows of `file_ids` (any account's; None entries skipped), by id."""
+    wanted = [file_id for file_id in file_ids if file_id]
+    return {row.id: row for row in session.scalars(select(File).where(File.id.in_(wanted)))} if wanted else {}

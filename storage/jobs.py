@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import delete, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from openft.ids import event_id
-from storage.models import Job, JobEvent
+from storage import leases, paging
+from storage.models import FineTunedModel, Job, JobEvent
 
 OPEN_STATUSES = ("validating_files", "queued", "running", "paused")
 ENDED_STATUSES = ("succeeded", "failed", "cancelled")
@@ -40,17 +41,10 @@ def list_jobs(
     session: Session, account_id: str, *, limit: int, after: str | None, metadata: dict[str, str]
 ) -> tuple[Sequence[Job], bool]:
     """Newest first; `after` is the id of the last job of the previous page."""
-    query = select(Job).where(Job.account_id == account_id)
-    if after:
-        cursor = get_job(session, account_id, after)
-        if cursor is not None:
-            query = query.where(
-                (Job.created_ns < cursor.created_ns) | ((Job.created_ns == cursor.created_ns) & (Job.id < cursor.id))
-            )
-    query = query.order_by(Job.created_ns.desc(), Job.id.desc())
+    cursor = get_job(session, account_id, after) if after else None
+    query = paging.after(select(Job).where(Job.account_id == account_id), Job, cursor)
     if not metadata:
-        rows = session.scalars(query.limit(limit + 1)).all()
-        return rows[:limit], len(rows) > limit
+        return paging.first(session, query, limit)
     # JSON containment differs across SQLite and PostgreSQL; metadata is at most 16 short pairs,
     # so filter in Python over the account's jobs in pages.
     out: list[Job] = []
@@ -79,8 +73,7 @@ def list_events(session: Session, job_id: str, *, limit: int, after: str | None)
         cursor_seq = session.scalar(select(JobEvent.seq).where(JobEvent.id == after, JobEvent.job_id == job_id))
         if cursor_seq is not None:
             query = query.where(JobEvent.seq < cursor_seq)
-    rows = session.scalars(query.order_by(JobEvent.seq.desc()).limit(limit + 1)).all()
-    return rows[:limit], len(rows) > limit
+    return paging.first(session, query.order_by(JobEvent.seq.desc()), limit)  # keyed by seq alone: it is unique
 
 
 def count_by_status(session: Session) -> dict[str, int]:
@@ -98,3 +91,51 @@ def first_step_seconds(session: Session, job_id: str) -> float | None:
     first = session.scalar(select(func.min(JobEvent.created_at)).where(
         JobEvent.job_id == job_id, JobEvent.type == "metrics", JobEvent.created_at >= job.run_started_at))
     return None if first is None else float(first - job.run_started_at)
+
+
+# -- what a run writes and its supervisor reads ------------------------------------------------------
+def touch_progress(session: Session, job_id: str, now: int) -> None:
+    """The run wrote something: the stall watchdog counts from here."""
+    session.execute(update(Job).where(Job.id == job_id).values(progress_at=now))
+
+
+def record_placement_group(session: Session, job_id: str, owner: str, pg_hex: str) -> bool:
+    """The run's Train placement group, recorded only while `owner` holds the job's lease."""
+    return leases.write_owned(session, Job, job_id, owner, run_placement_group=pg_hex)
+
+
+def placement_group(session: Session, job_id: str, owner: str) -> str | None:
+    """The placement group `owner`'s run recorded (None once the lease is another's)."""
+    return session.scalar(select(Job.run_placement_group).where(Job.id == job_id, Job.lease_owner == owner))
+
+
+def new_events(session: Session, job_id: str, after_seq: int, type: str) -> Sequence[JobEvent]:
+    """The job's events of `type` after `after_seq`, oldest first (a forwarder tailing them)."""
+    return session.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after_seq,
+                                                  JobEvent.type == type).order_by(JobEvent.seq)).all()
+
+
+# -- retention (serve_app/services/retention.py) ------------------------------------------------------
+def ended_with_copies(session: Session, cutoff: int, *, limit: int) -> Sequence[Job]:
+    """Jobs that ended at or before `cutoff` whose run copies are not deleted yet, oldest end first."""
+    return session.scalars(select(Job).where(
+        Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_(None)
+    ).order_by(Job.finished_at).limit(limit)).all()
+
+
+def live_adapters(session: Session, job_ids: list[str]) -> dict[str, str]:
+    """Job id -> adapter prefix of those jobs' models that are not deleted."""
+    return dict(session.execute(select(FineTunedModel.job_id, FineTunedModel.adapter_prefix).where(
+        FineTunedModel.job_id.in_(job_ids), FineTunedModel.deleted_at.is_(None))).all())
+
+
+def delete_ended_before(session: Session, cutoff: int, *, limit: int) -> tuple[list[str], int]:
+    """Delete up to `limit` jobs that ended at or before `cutoff` (their copies already deleted),
+    with their events; (their ids, how many events)."""
+    ids = list(session.scalars(select(Job.id).where(
+        Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_not(None)).limit(limit)))
+    if not ids:
+        return [], 0
+    events = session.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount
+    session.execute(delete(Job).where(Job.id.in_(ids)))
+    return ids, events

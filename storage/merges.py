@@ -8,14 +8,9 @@ from typing import Sequence
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from storage.models import Account, Merge
+from storage.models import Merge
 
 IN_PROGRESS = ("queued", "running")
-
-
-def lock_account(session: Session, account_id: str) -> None:
-    """Serializes one account's merge admissions (PostgreSQL row lock; SQLite: BEGIN IMMEDIATE)."""
-    session.scalar(select(Account.id).where(Account.id == account_id).with_for_update())
 
 
 def latest_merge(session: Session, account_id: str, model: str) -> Merge | None:
@@ -83,17 +78,16 @@ def held_exports(session: Session, account_id: str, now: int) -> tuple[int, int]
     return int(count), int(total)
 
 
-def queued_merges(session: Session) -> Sequence[Merge]:
-    """Oldest first, so each account's merges run in the order they were asked for. Locked: a
-    DELETE that cancels one concurrently is seen (PostgreSQL re-checks a locked row's WHERE)."""
+def queued_merge_ids(session: Session) -> Sequence[str]:
+    """Oldest first, so each account's merges run in the order they were asked for (each is claimed
+    under its account's lock, which re-reads it: a DELETE that cancelled it meanwhile is seen)."""
     return session.scalars(
-        select(Merge).where(Merge.status == "queued", Merge.deleted_at.is_(None))
-        .order_by(Merge.created_ns, Merge.id).with_for_update()
+        select(Merge.id).where(Merge.status == "queued", Merge.deleted_at.is_(None)).order_by(Merge.created_ns, Merge.id)
     ).all()
 
 
-def running_merges(session: Session) -> Sequence[Merge]:
-    return session.scalars(select(Merge).where(Merge.status == "running")).all()
+def running_merges(session: Session, account_id: str) -> Sequence[Merge]:
+    return session.scalars(select(Merge).where(Merge.account_id == account_id, Merge.status == "running")).all()
 
 
 def expired_exports(session: Session, now: int) -> Sequence[Merge]:

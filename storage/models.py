@@ -18,12 +18,39 @@ class Account(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     org_id: Mapped[str] = mapped_column(String(20), unique=True)
-    # SHA-256 of the API key: keys are 256-bit random, so a fast hash is enough to make a leaked
-    # table useless, and the lookup stays an index seek; the final comparison is constant-time.
-    key_sha256: Mapped[str] = mapped_column(String(64), unique=True)
-    key_hint: Mapped[str] = mapped_column(String(16))
+    # Retired by migration 0012, which moved each account's key to `api_keys` (several per account).
+    # SQLite cannot drop a UNIQUE column of a table that others reference inside the migration's
+    # transaction (the rebuild's DROP TABLE fails their foreign keys), so the columns stay and hold a
+    # placeholder (`retired:` and the account id), never a key's hash.
+    retired_key_sha256: Mapped[str] = mapped_column("key_sha256", String(64), unique=True)
+    retired_key_hint: Mapped[str] = mapped_column("key_hint", String(16))
     open_jobs_limit: Mapped[int] = mapped_column(Integer)
     created_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class ApiKey(Base):
+    """One API key of an account (issue 24): the account may hold several, each with a name and an
+    optional expiry; a revoked one keeps its row (for the record) and never authenticates again.
+
+    Only the key's SHA-256 is stored: keys are 256-bit random, so a fast hash is enough to make a
+    leaked table useless, and the lookup stays an index seek; the final comparison is constant-time."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (Index("ix_api_keys_account_created", "account_id", "created_ns", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    name: Mapped[str] = mapped_column(String(256))
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    # What lists show of it: the prefix and the last 4 characters.
+    redacted_value: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    # Written at most once a minute per key (storage/api_keys.py): a write per request would cost
+    # every request a row lock.
+    last_used_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    revoked_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class File(Base):
@@ -70,7 +97,7 @@ class Job(Base):
     training_file: Mapped[str] = mapped_column(String(40))
     validation_file: Mapped[str | None] = mapped_column(String(40), nullable=True)
     seed: Mapped[int] = mapped_column(BigInteger)
-    # The normalized create request (serve_app.services.job_params.JobSpec) the trainer reads.
+    # The normalized create request (jobs/spec.py JobSpec) the trainer reads.
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     job_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
     user_provided_suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -87,13 +114,15 @@ class Job(Base):
     # The status a paused job had: it resumes there, and holds the account's slot unless it was waiting.
     paused_from: Mapped[str | None] = mapped_column(String(24), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # Distill leases taken on a distill-shortcut job (storage/leases.py: a distill's attempts, not a run's).
+    distill_attempts: Mapped[int] = mapped_column(Integer, default=0)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     # What the job was charged once it ended under billing (storage/billing.py settle); shown as gridline.charge.
     charge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     # When the reaper deleted the run's copies (tokenized shards it alone used, checkpoints).
     copies_deleted_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
-    # The run driving the job (jobs/transitions.py): set when a run starts, renewed by its heartbeat,
-    # cleared when it stops. A lease that expires is a lost run, whatever its status says.
+    # The run (or, while the job distills, the distiller) driving the job (storage/leases.py): set when
+    # it starts, renewed by its heartbeat, cleared when it stops. A lease that expires is lost work.
     lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     # The last time the run wrote an event or metrics: the stall watchdog reads it.
@@ -183,6 +212,9 @@ class Merge(Base):
     # When the export's objects were deleted; null on a deleted or expired export means a storage
     # delete is still owed (the worker retries it).
     purged_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    # The worker running the merge (storage/leases.py): set at claim, renewed, cleared at its end.
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
 
 
 class LedgerEntry(Base):
@@ -334,9 +366,9 @@ class Batch(Base):
 # -- webhooks (issue 16) --
 class WebhookEndpoint(Base):
     """A URL an account registered for some event types (OpenAI's webhook endpoint). `secret` is
-    kept as is: every delivery is signed with it (HMAC), so a hash would not do. After a rotation
-    that keeps the old one, deliveries carry a second signature with `previous_secret` until
-    `previous_secret_until`."""
+    stored sealed (webhooks/secrets.py), not hashed: every delivery is signed with it (HMAC). After
+    a rotation that keeps the old one, deliveries carry a second signature with `previous_secret`
+    until `previous_secret_until`."""
 
     __tablename__ = "webhook_endpoints"
     __table_args__ = (Index("ix_webhook_endpoints_account_created", "account_id", "created_ns", "id"),)
@@ -346,8 +378,8 @@ class WebhookEndpoint(Base):
     name: Mapped[str] = mapped_column(String(256))
     url: Mapped[str] = mapped_column(String(2048))
     event_types: Mapped[list[Any]] = mapped_column(JSON)
-    secret: Mapped[str] = mapped_column(String(80))
-    previous_secret: Mapped[str | None] = mapped_column(String(80), nullable=True)
+    secret: Mapped[str] = mapped_column(String(160))
+    previous_secret: Mapped[str | None] = mapped_column(String(160), nullable=True)
     previous_secret_until: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
     created_at: Mapped[int] = mapped_column(BigInteger)
     created_ns: Mapped[int] = mapped_column(BigInteger)

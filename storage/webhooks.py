@@ -1,15 +1,23 @@
 """Webhook repository: endpoints (the owner's rows only), the delivery outbox with its claim
-lease, and the attempts log. What an event says and when a delivery is retried is webhooks/'s."""
+lease (storage/leases.py, `DELIVERY`), and the attempts log. What an event says and when a
+delivery is retried is webhooks/'s."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Sequence
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, func, or_, select
 from sqlalchemy.orm import Session
 
+from storage import leases, paging
+from storage.leases import Kind
 from storage.models import WebhookAttempt, WebhookDelivery, WebhookEndpoint
+
+# A deliverer's claim on a delivery. No attempt count ends it (the retry window does:
+# webhooks/delivery.py), and a lapsed lease is taken over at the next claim: losing one changes
+# nothing but who tries next.
+DELIVERY = Kind("delivery", WebhookDelivery, "w", max_attempts=None, exhausted_code=None)
 
 
 # -- endpoints ------------------------------------------------------------------------------------
@@ -28,16 +36,7 @@ def list_endpoints(session: Session, account_id: str, *, limit: int,
     """Newest first; `after` is the id of the last endpoint of the previous page."""
     query = select(WebhookEndpoint).where(WebhookEndpoint.account_id == account_id)
     cursor = get_endpoint(session, account_id, after) if after else None
-    return _newest_first(session, query, WebhookEndpoint, cursor, limit)
-
-
-def _newest_first(session: Session, query, model, cursor, limit: int) -> tuple[Sequence, bool]:
-    """A page of `query` newest first (created_ns, then id), after the row `cursor` when given."""
-    if cursor is not None:
-        query = query.where((model.created_ns < cursor.created_ns)
-                            | ((model.created_ns == cursor.created_ns) & (model.id < cursor.id)))
-    rows = session.scalars(query.order_by(model.created_ns.desc(), model.id.desc()).limit(limit + 1)).all()
-    return rows[:limit], len(rows) > limit
+    return paging.page(session, query, WebhookEndpoint, cursor, limit)
 
 
 def subscribed(session: Session, account_id: str, event_type: str) -> list[WebhookEndpoint]:
@@ -58,10 +57,18 @@ def delete_endpoint(session: Session, endpoint: WebhookEndpoint) -> None:
 
 
 def signing_keys(endpoint: WebhookEndpoint, now: float) -> tuple[str, ...]:
-    """The secrets that sign a POST sent now: the current one, and the previous one while a rotation keeps it."""
+    """The secrets that sign a POST sent now, as stored (sealed: webhooks/secrets.py opens them): the
+    current one, and the previous one while a rotation keeps it."""
     if endpoint.previous_secret and (endpoint.previous_secret_until or 0) > now:
         return endpoint.secret, endpoint.previous_secret
     return (endpoint.secret,)
+
+
+def endpoints_with_plain_secrets(session: Session) -> Sequence[WebhookEndpoint]:
+    """Endpoints whose secret, or previous secret, was stored before secrets were sealed (0012)."""
+    plain = "whsec\\_%"  # the secret's own prefix; a sealed one starts `enc1:`
+    return session.scalars(select(WebhookEndpoint).where(or_(WebhookEndpoint.secret.like(plain, escape="\\"),
+                                                             WebhookEndpoint.previous_secret.like(plain, escape="\\")))).all()
 
 
 # -- the outbox -----------------------------------------------------------------------------------
@@ -79,22 +86,12 @@ class Due:
 
 
 def claim_due(session: Session, now: float, *, owner: str, lease_s: float, limit: int) -> list[Due]:
-    """Lease up to `limit` pending deliveries whose time has come and that no live lease holds.
-
-    Compare-and-set: the UPDATE repeats the conditions, so of two deliverers racing for a row one
-    updates it and the other's UPDATE (on PostgreSQL it waits for the first's commit, then
-    re-reads the row) matches nothing. SKIP LOCKED lets the second pick other rows meanwhile."""
-    free = or_(WebhookDelivery.lease_owner.is_(None), WebhookDelivery.lease_expires_at < now)
-    due = (WebhookDelivery.status == "pending") & (WebhookDelivery.next_attempt_at <= now) & free
-    ids = session.scalars(select(WebhookDelivery.id).where(due)
-                          .order_by(WebhookDelivery.next_attempt_at, WebhookDelivery.id)
-                          .limit(limit).with_for_update(skip_locked=True)).all()
-    claimed = []
-    for delivery_id in ids:
-        done = session.execute(update(WebhookDelivery).where(WebhookDelivery.id == delivery_id, due).values(
-            lease_owner=owner, lease_expires_at=now + lease_s, attempts=WebhookDelivery.attempts + 1))
-        if done.rowcount == 1:
-            claimed.append(delivery_id)
+    """Lease up to `limit` pending deliveries whose time has come and that no live lease holds
+    (a compare-and-set per row: storage/leases.py `claim_many`)."""
+    due = ((WebhookDelivery.status == "pending") & (WebhookDelivery.next_attempt_at <= now)
+           & leases.claimable(DELIVERY, now))
+    claimed = leases.claim_many(session, DELIVERY, due, (WebhookDelivery.next_attempt_at, WebhookDelivery.id), limit,
+                                owner, now, lease_s)
     if not claimed:
         return []
     rows = session.execute(select(WebhookDelivery, WebhookEndpoint)
@@ -108,13 +105,12 @@ def record_attempt(session: Session, due: Due, owner: str, *, started_at: float,
                    status_code: int | None, error: str | None, status: str, next_attempt_at: float | None,
                    now: float) -> bool:
     """Close the caller's claim on `due` with what its attempt got; False (nothing written) when the
-    lease is no longer the caller's (it lapsed and another deliverer took the delivery)."""
-    done = session.execute(update(WebhookDelivery).where(
-        WebhookDelivery.id == due.delivery_id, WebhookDelivery.lease_owner == owner,
-        WebhookDelivery.attempts == due.attempt).values(
-        status=status, next_attempt_at=next_attempt_at, lease_owner=None, lease_expires_at=None,
-        last_status_code=status_code, last_error=error, finished_at=now if status != "pending" else None))
-    if done.rowcount != 1:
+    lease is no longer the caller's (it lapsed and another deliverer, or this one again, took the delivery)."""
+    recorded = leases.write_owned(
+        session, WebhookDelivery, due.delivery_id, owner, WebhookDelivery.attempts == due.attempt, **leases.RELEASED,
+        status=status, next_attempt_at=next_attempt_at, last_status_code=status_code, last_error=error,
+        finished_at=now if status != "pending" else None)
+    if not recorded:
         return False
     session.add(WebhookAttempt(delivery_id=due.delivery_id, attempt=due.attempt, started_at=started_at,
                                duration_ms=duration_ms, status_code=status_code, error=error,
@@ -127,7 +123,7 @@ def list_deliveries(session: Session, endpoint_id: str, *, limit: int,
     """An endpoint's deliveries, newest first, each with its attempts in order (the caller checked the owner)."""
     query = select(WebhookDelivery).where(WebhookDelivery.endpoint_id == endpoint_id)
     cursor = session.scalar(query.where(WebhookDelivery.id == after)) if after else None
-    page, has_more = _newest_first(session, query, WebhookDelivery, cursor, limit)
+    page, has_more = paging.page(session, query, WebhookDelivery, cursor, limit)
     attempts: dict[str, list[WebhookAttempt]] = {row.id: [] for row in page}
     if page:
         for attempt in session.scalars(select(WebhookAttempt).where(WebhookAttempt.delivery_id.in_(list(attempts)))

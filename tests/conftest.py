@@ -25,6 +25,7 @@ SESSION_DIR = Path(tempfile.mkdtemp(prefix="oft-"))
 RAY_SETTINGS = Settings(data_dir=SESSION_DIR / "ray-home")
 prepare_ray_environment(RAY_SETTINGS)
 
+ROOT = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 # The suite's deployments run unthrottled: tests (and fuzzers) make many quick calls from one key.
 # tests/serve_app/test_rate_limits.py deploys its own with limits on.
@@ -39,6 +40,10 @@ ONLINE_TEST_BASES = {"online_bases": ["qwen2.5-0.5b-instruct"]}
 SANDBOX_TEST_LIMITS = {"grader_python_wall_seconds": 20, "grader_python_cpu_seconds": 1,
                        "grader_python_memory_bytes": 512 * 2**20, "grader_python_disk_bytes": 4 * 2**20,
                        "grader_python_max_processes": 32}
+# The webhook tests' receivers listen on 127.0.0.1, which the address rule refuses by default
+# (webhooks/targets.py): the suite's deployments allow that one address and nothing else, so no
+# test can reach another. tests/webhooks/test_targets.py shows the default refusing it.
+LOOPBACK_RECEIVERS = {"webhook_allowed_networks": ["127.0.0.1/32"]}
 
 
 def free_port() -> int:
@@ -181,7 +186,7 @@ def apis(request, session_dir: Path, serve_port: int):
 
     def get(name: str, **settings_overrides) -> Api:
         if name not in deployed:
-            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF,
+            overrides = {"model_source": "standin", "controller_poll_seconds": 0.3, **RATE_LIMITS_OFF, **LOOPBACK_RECEIVERS,
                          **SANDBOX_TEST_LIMITS, **ONLINE_TEST_BASES, **settings_overrides}
             if name == "postgres":
                 overrides["database_url"] = request.getfixturevalue("pg_database_url")
@@ -238,7 +243,7 @@ def controller(training_api: Api):
     """The real job controller actor for the training deployment."""
     import ray
 
-    from train.controller import start_controller
+    from worker.controller import start_controller
 
     handle = start_controller(training_api.settings, name=f"controller-{uuid.uuid4().hex[:6]}")
     yield handle
@@ -266,8 +271,22 @@ def redeploy(api: Api, port: int) -> Api:
 HEAVY_VARIANTS = {
     "tests/serve_app/test_jobs_api.py::test_jobs_survive_a_restart[sqlite]",
     "tests/serve_app/test_files_api.py::test_files_survive_a_restart[sqlite]",
-    "tests/jobs/test_controller.py::test_one_pass_starts_one_run_for_two_accounts_under_the_default_cap[sqlite]",
+    "tests/worker/test_controller.py::test_one_pass_starts_one_run_for_two_accounts_under_the_default_cap[sqlite]",
 }
+
+
+# make test runs on two xdist workers, a file at a time (--dist loadfile --no-loadscope-reorder): the
+# files that take longest go first, so that the two workers end together instead of one waiting
+# out a long file started last. The rest keep their collection order.
+FIRST_FILES = (
+    "tests/bench/test_gpu_check.py",
+    "tests/serve_app/test_training_control.py",
+    "tests/serve_app/test_jobs_api.py",
+    "tests/serve_app/test_training_api.py",
+    "tests/worker/test_controller.py",
+    "tests/serve_app/test_upload_hardening.py",
+    "tests/test_cli.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -275,3 +294,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in HEAVY_VARIANTS:
             item.add_marker(pytest.mark.heavy)
+    missing = [path for path in FIRST_FILES if not (ROOT / path).exists()]
+    assert not missing, f"FIRST_FILES names files that are gone: {missing}"
+    rank = {path: i for i, path in enumerate(FIRST_FILES)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep their order
+
+
+# -- the fuzzers' summary (tests/fuzz/conftest.py `fuzz_report`) -----------------------------------
+# Kept here, in the conftest every process loads: under xdist the controller collects nothing, so
+# its summary is made of the lines each worker sends back when it ends.
+FUZZ_SUMMARY: list[str] = []
+
+
+def pytest_sessionfinish(session):
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["fuzz_summary"] = list(FUZZ_SUMMARY)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    FUZZ_SUMMARY.extend(getattr(node, "workeroutput", {}).get("fuzz_summary", []))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if FUZZ_SUMMARY:
+        terminalreporter.section("fuzz summary")
+        for line in FUZZ_SUMMARY:
+            terminalreporter.write_line(line)

@@ -323,7 +323,7 @@ def db_ft_model(db, store, account_id: str, files: dict[str, bytes] | None = Non
 
     from openft.ids import job_id
     from storage.models import Account, FineTunedModel
-    from train.registration import model_name
+    from jobs.model_names import model_name
 
     files = files or {"adapter_config.json": b'{"r": 8}', "adapter_model.safetensors": b"\0" * 64}
     job = job_id()

@@ -1,7 +1,7 @@
 """deploy/kuberay/raycluster.yaml stays in step with the code: every OPENFT_ variable it sets is a
 setting that loads, the custom resource the training settings ask for is one a worker group
 declares, and the head takes no work. (Its shape was checked once against KubeRay's RayCluster
-CRD schema; see README, Running on a cluster.)"""
+CRD schema; see docs/cluster.md.)"""
 
 from __future__ import annotations
 
@@ -40,3 +40,11 @@ def test_the_manifests_settings_load_and_its_resources_match_them(monkeypatch):
             declared["GPU"] = float(params["num-gpus"])
     for need in (settings.train_worker_resources, settings.batch_engine_resources):
         assert need.keys() <= declared.keys(), (need, declared)
+
+
+def test_the_head_runs_the_serve_proxy_with_bounded_heads():
+    from entrypoints.serve_proxy import ENV, HOOK
+
+    head = yaml.safe_load(MANIFEST.read_text())["spec"]["headGroupSpec"]
+    ray_head = next(c for c in _containers(head) if c["name"] == "ray-head")
+    assert {e["name"]: e.get("value") for e in ray_head["env"]}[ENV] == HOOK

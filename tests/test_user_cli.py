@@ -18,7 +18,7 @@ from entrypoints import user_cli, user_jobs
 from entrypoints._progress import LiveLine
 from openft.errors import RangeNotSatisfiable
 from serve_app.downloads import ByteRange
-from storage.accounts import account_for_key
+from storage.api_keys import lookup
 from storage.db import Database
 
 OPENFT = [sys.executable, "-m", "entrypoints.cli"]
@@ -129,7 +129,7 @@ def _key_works_in(data_dir: Path, key: str) -> bool:
     db = Database(f"sqlite:///{data_dir / 'openft.db'}")
     try:
         with db.session() as session:
-            return account_for_key(session, key) is not None
+            return lookup(session, key) is not None
     finally:
         db.dispose()
 

@@ -1,6 +1,6 @@
 """One run of a job (an attempt): tokenize its files, train, and say how it ended.
 
-Where it sits: the job controller (train/controller.py) builds a `RunTicket` from the job's row
+Where it sits: the worker's run supervision (worker/runs.py) builds a `RunTicket` from the job's row
 when `jobs.scheduling.start_runs` has started it, and launches it through `RayRuns` as a Ray task;
 the task runs `run_attempt` (tokenization on Ray Data, training on Ray Train through
 train/launcher.py) and returns an `AttemptResult`. The controller registers the adapter itself.
@@ -18,9 +18,10 @@ from functools import partial
 from typing import Literal
 
 from jobs.spec import JobSpec
+from openft.errors import TrainingError
 from openft.settings import Settings
 from storage import keys
-from train.config import TrainingError, TrainJob
+from train.config import TrainJob
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
-"""What one training run needs (`TrainJob`), how it ends (`TrainOutcome`) and how it fails
-(`TrainingError`).
+"""What one training run needs (`TrainJob`) and how it ends (`TrainOutcome`); how it fails is the
+core's `TrainingError` (openft/errors.py), which tokenization raises too.
 
 The job controller builds a `TrainJob` from the stored job and hands it to `train.launcher.run_training`;
 Ray Train passes it to every worker as `train_loop_config`, so it is a frozen, picklable dataclass
@@ -11,37 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# The reference's job error codes that training itself can produce.
-ERROR_CODES = (
-    "invalid_row",
-    "template_mismatch",
-    "context_too_long",
-    "time_limit_exceeded",
-    "platform_interrupted",
-    "adapter_too_large",
-    "training_failed",
-)
+from openft.errors import TrainingError
+
 METHOD_TYPES = ("supervised", "dpo")
 ADAPTERS = ("lora", "qlora")
 DEVICES = ("auto", "cpu", "cuda")
 EVAL_SOURCES = ("validation_file", "holdout")
-
-
-class TrainingError(Exception):
-    """A failure the job records as `error = {code, message}`; the message never holds row content."""
-
-    def __init__(self, code: str, message: str):
-        if code not in ERROR_CODES:
-            raise ValueError(f"TrainingError code {code!r} is not one of: {', '.join(ERROR_CODES)}")
-        super().__init__(code, message)
-        self.code = code
-        self.message = message
-
-    def __str__(self) -> str:
-        return f"{self.code}: {self.message}"
-
-    def __reduce__(self):
-        return (TrainingError, (self.code, self.message))
 
 
 @dataclass(frozen=True)

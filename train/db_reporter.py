@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import time
 
-from sqlalchemy import update
-
 from openft.settings import Settings
 from storage.db import Database, is_transient
-from storage.jobs import add_event
+from storage.jobs import add_event, record_placement_group, touch_progress
 from storage.models import Job
 
 _LEVELS = {"info": "info", "warn": "warn", "warning": "warn", "error": "error"}
@@ -52,7 +50,7 @@ class DBReporter:
         def once():
             with self.db.session() as session:
                 work(session)
-                session.execute(update(Job).where(Job.id == self.job_id).values(progress_at=int(time.time())))
+                touch_progress(session, self.job_id, int(time.time()))
 
         self.db.retrying(once, budget_s=self.settings.db_outage_seconds, what=what)
 
@@ -78,11 +76,7 @@ class DBReporter:
 
     def placement_group(self, pg_hex: str) -> None:
         """Record the run's Train placement group, while the run still holds the job's lease."""
-        def work(session):
-            session.execute(update(Job).where(Job.id == self.job_id, Job.lease_owner == self.owner)
-                            .values(run_placement_group=pg_hex))
-
-        self._write(work, "placement group")
+        self._write(lambda session: record_placement_group(session, self.job_id, self.owner, pg_hex), "placement group")
 
     def control(self) -> str | None:
         """`pause` or `cancel` when the job's owner asked for it, `lost` when another run holds the

@@ -24,13 +24,14 @@ from collections.abc import Callable
 
 import torch
 
+from openft.errors import TrainingError
 from pipelines.tokenize import IGNORE_INDEX
-from train.config import TrainingError, TrainJob, TrainOutcome
+from train.config import TrainJob, TrainOutcome
 from train.data import eval_batches, length_grouped_batches, pad_batch
 from train.loop import Progress, StepResult, run_recipe
-from train.parallel import SINGLE, Group
 from train.lora import autocast
 from train.losses import dpo_losses, sequence_logprobs
+from train.parallel import SINGLE, Group
 from train.progress import Reporter
 
 

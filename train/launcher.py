@@ -35,7 +35,8 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from train.config import TrainingError, TrainJob, TrainOutcome
+from openft.errors import TrainingError
+from train.config import TrainJob, TrainOutcome
 from train.data import split_holdout
 from train.progress import Reporter
 

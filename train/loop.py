@@ -25,9 +25,10 @@ from typing import Callable, Protocol
 import torch
 
 from catalog.bases import get_base
+from openft.errors import TrainingError
 from storage.objects import open_object_store
 from train.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng, save_checkpoint
-from train.config import TrainingError, TrainJob, TrainOutcome
+from train.config import TrainJob, TrainOutcome
 from train.lora import adapter_files, build_model, load_adapter_weights, pick_device, trainable_parameters
 from train.parallel import SINGLE, Group
 from train.progress import MetricsClock, Reporter

@@ -36,7 +36,8 @@ from safetensors.torch import save as save_safetensors
 
 from catalog.bases import BaseModelSpec
 from catalog.model_source import load_model, parse_model_source
-from train.config import TrainingError, TrainJob
+from openft.errors import TrainingError
+from train.config import TrainJob
 
 _DENSE = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGET_MODULES: dict[str, list[str]] = {

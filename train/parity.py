@@ -1,8 +1,8 @@
 """The serving-parity check at registration: before an `ft:` model is marked servable, greedy
 completions of a few held-out prompts must agree three ways, and end their turns.
 
-Where it sits: the job controller (train/controller.py `conclude`) runs `check_parity` after the
-run succeeded and before train/registration.py `register`, which records the figures in
+Where it sits: the worker's run supervision (worker/runs.py `conclude`) runs `check_parity` after
+the run succeeded and before jobs/registration.py `register`, which records the figures in
 `gridline.fine_tuned_adapter` and registers the model servable only if the check passed.
 
 The three paths, greedy (temperature 0), on the same prompt ids and `max_tokens`:
@@ -199,7 +199,8 @@ def run_parity(req: ParityRequest) -> dict:
     import torch
 
     from catalog.model_source import load_tokenizer, parse_model_source
-    from pipelines.generate import GenRequest, SamplingParams, end_of_turn_ids, load_engine
+    from pipelines.engine import GenRequest, SamplingParams, end_of_turn_ids
+    from pipelines.generate import load_engine
     from storage.objects import open_object_store
     from train._parity_models import greedy, merged_model, training_model
 

@@ -20,12 +20,13 @@ from collections.abc import Callable
 
 import torch
 
-from train.config import TrainingError, TrainJob, TrainOutcome
+from openft.errors import TrainingError
+from train.config import TrainJob, TrainOutcome
 from train.data import eval_batches, length_grouped_batches, pad_batch
 from train.loop import StepResult, run_recipe
-from train.parallel import SINGLE, Group
 from train.lora import autocast
 from train.losses import cross_entropy_sum
+from train.parallel import SINGLE, Group
 from train.progress import Reporter
 
 RESULT_KEYS = ("eval_loss_before", "eval_loss", "eval_rows", "eval_source", "train_loss", "steps", "seconds", "trained_tokens")

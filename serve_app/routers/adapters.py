@@ -1,6 +1,7 @@
 """HTTP routes under `/v1/gridline`: adapter downloads, merged weights (`/adapters/{model}/merged`),
 and the download URLs of the local storage backend (`/blobs/{token}`, no bearer key: the opaque token
-is the credential; see serve_app/services/merges.py)."""
+is the credential; see serve_app/services/merges.py). The downloads answer HEAD as they answer GET,
+without the body."""
 
 from __future__ import annotations
 
@@ -18,10 +19,13 @@ router = APIRouter(prefix="/gridline", tags=["adapters"])
 
 
 @router.get("/adapters/{model}/files/{name}")
+@router.head("/adapters/{model}/files/{name}", include_in_schema=False)
 def download_adapter_file(model: str, name: str, request: Request, account: Account = Depends(current_account)):
-    ranged = ByteRange.parse(request.headers.get("range"))
-    sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name, ranged)
-    return digest_stream(chunks, sha256=sha256, size=size, name=name, ranged=ranged)
+    ranged, head = ByteRange.parse(request.headers.get("range")), request.method == "HEAD"
+    # HEAD opens the object (a missing one is 404 as for GET) but reads no span of it.
+    sha256, size, chunks = service.adapter_file(request.app.state.openft, account, model, name,
+                                                None if head else ranged)
+    return digest_stream(chunks, sha256=sha256, size=size, name=name, ranged=ranged, head=head)
 
 
 @router.post("/adapters/{model}/merged", response_model=MergedWeights)
@@ -49,6 +53,7 @@ def _blob_url(request: Request, token: str) -> str:
 
 
 @router.get("/adapters/{model}/merged/files/{path:path}")
+@router.head("/adapters/{model}/merged/files/{path:path}", include_in_schema=False)
 def download_merged_file(model: str, path: str, request: Request, account: Account = Depends(current_account)):
     url, sha256 = merges.merged_file_url(
         request.app.state.openft, account, model, path, lambda token: _blob_url(request, token)
@@ -57,7 +62,9 @@ def download_merged_file(model: str, path: str, request: Request, account: Accou
 
 
 @router.get("/blobs/{token}", name="download_blob")
+@router.head("/blobs/{token}", include_in_schema=False)
 def download_blob(token: str, request: Request):
-    ranged = ByteRange.parse(request.headers.get("range"))
-    blob, chunks = merges.open_blob(request.app.state.openft, token, ranged)
-    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True, ranged=ranged)
+    ranged, head = ByteRange.parse(request.headers.get("range")), request.method == "HEAD"
+    blob, chunks = merges.open_blob(request.app.state.openft, token, None if head else ranged)
+    return digest_stream(chunks, sha256=blob.sha256, size=blob.size, name=blob.name, attachment=True, ranged=ranged,
+                         head=head)

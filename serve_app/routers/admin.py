@@ -1,5 +1,6 @@
-"""HTTP routes of the operators' billing API (`/v1/gridline/admin/accounts/...`): add credit,
-read an account's balance, usage and limits, set limits, list its ledger.
+"""HTTP routes of the operators' API (`/v1/gridline/admin/accounts/...`): add credit, read an
+account's balance, usage and limits, set limits, list its ledger; list, create and revoke its API
+keys.
 
 It takes its own bearer key, `Settings.admin_key` (OPENFT_ADMIN_KEY); account keys never work
 here. Without an admin key configured the routes answer 404 like any unknown route, so a
@@ -13,8 +14,10 @@ import hmac
 from fastapi import APIRouter, Depends, Query, Request
 
 from openft.errors import NotFound, Unauthorized
+from serve_app.schemas.api_keys import ApiKey, ApiKeyCreateRequest, ApiKeyDeleted, ApiKeyWithValue
 from serve_app.schemas.billing import BillingAccount, CreditRequest, LedgerEntry, LimitsRequest
 from serve_app.schemas.common import Page
+from serve_app.services import api_keys
 from serve_app.services import billing as service
 
 
@@ -53,3 +56,21 @@ def update_account_limits(account: str, body: LimitsRequest, request: Request) -
 @router.get("/{account}/ledger", response_model=Page[LedgerEntry])
 def list_account_ledger(account: str, request: Request, after: int | None = None, limit: int = Query(20)):
     return service.list_ledger(request.app.state.openft.db, account, limit=limit, after=after)
+
+
+@router.get("/{account}/api_keys", response_model=Page[ApiKey])
+def list_account_api_keys(account: str, request: Request, after: str | None = None, limit: int = Query(20)):
+    db = request.app.state.openft.db
+    return api_keys.list_keys(db, api_keys.account_id_of(db, account), limit=limit, after=after)
+
+
+@router.post("/{account}/api_keys", response_model=ApiKeyWithValue)
+def create_account_api_key(account: str, body: ApiKeyCreateRequest, request: Request):
+    state = request.app.state.openft
+    return api_keys.create_key(state.db, state.settings, api_keys.account_id_of(state.db, account), body, state.now())
+
+
+@router.delete("/{account}/api_keys/{key_id}", response_model=ApiKeyDeleted)
+def delete_account_api_key(account: str, key_id: str, request: Request):
+    state = request.app.state.openft
+    return api_keys.revoke_key(state.db, api_keys.account_id_of(state.db, account), key_id, state.now())

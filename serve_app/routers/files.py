@@ -50,9 +50,10 @@ def retrieve_file(file_id: str, request: Request, account: Account = Depends(cur
 
 
 @router.get("/{file_id}/content")
+@router.head("/{file_id}/content", include_in_schema=False)
 def retrieve_file_content(file_id: str, request: Request, account: Account = Depends(current_account)):
     row, chunks = service.file_content(request.app.state.openft, account, file_id)
-    return digest_stream(chunks, sha256=row.sha256, size=row.bytes)
+    return digest_stream(chunks, sha256=row.sha256, size=row.bytes, head=request.method == "HEAD")
 
 
 @router.delete("/{file_id}", response_model=FileDeleted)

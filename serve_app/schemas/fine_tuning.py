@@ -57,7 +57,7 @@ class FineTuningJob(BaseModel):
     estimated_finish: int | None = None
     integrations: list[dict[str, Any]] = []
     """As created: `{"type": "wandb", "wandb": {project, entity, name, tags}}` (OpenAI's shape) or
-    `{"type": "mlflow", "mlflow": {experiment, run_name, tags}}`; see train/integrations/spec.py."""
+    `{"type": "mlflow", "mlflow": {experiment, run_name, tags}}`; see jobs/integrations.py."""
     metadata: dict[str, str] | None = None
     method: dict[str, Any]
     user_provided_suffix: str | None = None

@@ -1,8 +1,8 @@
 """Batches: create (every refusal, the create-time scan, the open-batch limit), list, retrieve, cancel.
 
 Create refuses before anything is made: the body's fields (OpenAI's: input_file_id, endpoint,
-completion_window, metadata), the input file (the caller's, purpose `batch`), then the scan of its
-lines (batches/scan.py) and the open-batch limit, checked again under the account's lock with the
+completion_window, metadata), the input file (the caller's, purpose `batch`), the open-batch limit,
+then the scan of its lines (batches/scan.py), and the limit again under the account's lock with the
 row's insert so that concurrent creates at the limit cannot both pass. The batch's life from
 there is batches/transitions.py's; the controller runs it.
 """
@@ -10,22 +10,24 @@ there is batches/transitions.py's; the controller runs it.
 from __future__ import annotations
 
 import time
+from dataclasses import asdict
 
 from batches import limits, transitions
 from batches.billing import quote as batch_quote
+from batches.plan import Plan
 from batches.scan import scan
 from jobs.model_names import resolve_model
-from jobs.transitions import lock_account
+from jobs.params import METADATA_KEY_CHARS, METADATA_PAIRS, METADATA_VALUE_CHARS
 from openft.errors import Conflict, InvalidRequest, NotFound, unknown_parameter
 from openft.ids import batch_id as new_batch_id
 from pipelines.distill import iter_lines
 from serve_app.schemas.batches import Batch, BatchError, BatchGridline, BatchRequestCounts, BatchUsage, Errors
 from serve_app.schemas.common import Page
-from serve_app.services.job_params import METADATA_KEY_CHARS, METADATA_PAIRS, METADATA_VALUE_CHARS
 from serve_app.services.paging import check_limit
 from serve_app.state import AppState
 from storage import batches as batches_repo
 from storage import files as files_repo
+from storage.leases import lock_account
 from storage.models import Account
 from storage.models import Batch as BatchRow
 
@@ -35,8 +37,8 @@ WINDOWS = ("24h",)
 
 
 def batch_object(row: BatchRow) -> Batch:
-    plan = row.plan or {}
-    counts = row.request_counts or {"total": plan.get("lines", 0), "completed": 0, "failed": 0}
+    plan = Plan.from_record(row.plan)
+    counts = row.request_counts or {"total": plan.lines, "completed": 0, "failed": 0}
     usage = None
     if row.usage:
         usage = BatchUsage(input_tokens=row.usage["input_tokens"], output_tokens=row.usage["output_tokens"],
@@ -51,8 +53,9 @@ def batch_object(row: BatchRow) -> Batch:
         expired_at=row.expired_at, expires_at=row.expires_at, failed_at=row.failed_at,
         finalizing_at=row.finalizing_at, in_progress_at=row.in_progress_at, metadata=row.batch_metadata,
         model=row.model, output_file_id=row.output_file_id, request_counts=BatchRequestCounts(**counts), usage=usage,
-        gridline=BatchGridline(base=row.model, models=[m["name"] for m in plan.get("models", [])],
-                               refused_models=plan.get("refused_models", {}), quote=quote, charge=row.charge),
+        gridline=BatchGridline(base=row.model, models=[m.name for m in plan.models],
+                               refused_models={name: asdict(r) for name, r in plan.refused_models.items()}, quote=quote,
+                               charge=row.charge),
     )
 
 
@@ -100,14 +103,16 @@ def parse_create(body: dict) -> tuple[str, str, str, dict[str, str] | None]:
 def create_batch(state: AppState, account: Account, body: dict) -> Batch:
     file_id, endpoint, window, metadata = parse_create(body)
     with state.db.session() as session:
-        limits.check_open_batches(session, account.id, state.settings)  # fail fast; again under the lock
+        # Whose file it is comes first: at its open-batch limit, another account's file id must still
+        # answer file_not_found, not say how many batches this account has open.
         source = files_repo.get_file(session, account.id, file_id)
-    if source is None:
-        raise _invalid("input_file_id does not name a file of yours. Upload the requests with purpose=batch.",
-                       "input_file_id", "file_not_found")
-    if source.purpose != "batch":
-        raise _invalid("input_file_id must be a file uploaded with purpose=batch.", "input_file_id",
-                       "invalid_file_purpose")
+        if source is None:
+            raise _invalid("input_file_id does not name a file of yours. Upload the requests with purpose=batch.",
+                           "input_file_id", "file_not_found")
+        if source.purpose != "batch":
+            raise _invalid("input_file_id must be a file uploaded with purpose=batch.", "input_file_id",
+                           "invalid_file_purpose")
+        limits.check_open_batches(session, account.id, state.settings)  # fail fast; again under the lock
 
     with state.db.session() as session:
         found = scan(iter_lines(state.store.iter_chunks(source.object_key)),
@@ -122,7 +127,7 @@ def create_batch(state: AppState, account: Account, body: dict) -> Batch:
             if state.settings.billing_enabled else None
         row = BatchRow(
             id=new_batch_id(), account_id=account.id, endpoint=endpoint, completion_window=window,
-            input_file_id=file_id, model=found.base_id, batch_metadata=metadata, plan=found.plan(),
+            input_file_id=file_id, model=found.base_id, batch_metadata=metadata, plan=found.plan().record(),
             created_at=now, created_ns=time.time_ns(), quote=quote,
             request_counts={"total": found.lines, "completed": 0, "failed": 0},
         )

@@ -7,8 +7,6 @@ account functions here. The ledger and the charge rules live in `storage/billing
 
 from __future__ import annotations
 
-from sqlalchemy import select
-
 from openft.errors import InvalidRequest, NotFound
 from openft.settings import Settings
 from serve_app.schemas.billing import AccountLimits, AccountUsage, BillingAccount
@@ -17,10 +15,9 @@ from serve_app.schemas.common import Page
 from serve_app.services.paging import check_limit
 from jobs import limits
 from storage import billing
-from storage.accounts import limits_row
+from storage.accounts import get_account_by_name, limits_row
 from storage.db import Database
-from storage.models import Account, LedgerEntry
-from storage.models import AccountLimits as LimitsRow
+from storage.models import Account
 
 
 
@@ -44,7 +41,7 @@ def _cents(value: object, param: str) -> int:
 
 def find_account(session, ref: str) -> Account:
     """An account by id (`acct-...`) or name."""
-    account = session.get(Account, ref) or session.scalar(select(Account).where(Account.name == ref))
+    account = session.get(Account, ref) or get_account_by_name(session, ref)
     if account is None:
         raise NotFound("No such account.", param="account")
     return account
@@ -110,11 +107,8 @@ def list_ledger(db: Database, ref: str, *, limit: int, after: int | None) -> Pag
         raise InvalidRequest("after must be the id of a ledger entry.", code="invalid_value", param="after")
     with db.session() as session:
         account = find_account(session, ref)
-        query = select(LedgerEntry).where(LedgerEntry.account_id == account.id)
-        if after is not None:
-            query = query.where(LedgerEntry.seq < after)
-        rows = session.scalars(query.order_by(LedgerEntry.seq.desc()).limit(limit + 1)).all()
+        rows, has_more = billing.list_entries(session, account.id, limit=limit, after=after)
         data = [LedgerEntryOut(id=e.seq, kind=e.kind, usd=billing.to_usd(e.amount_cents), job_id=e.job_id,
-                               note=e.note, created_at=e.created_at) for e in rows[:limit]]
-    return Page[LedgerEntryOut](data=data, has_more=len(rows) > limit,
+                               note=e.note, created_at=e.created_at) for e in rows]
+    return Page[LedgerEntryOut](data=data, has_more=has_more,
                                 first_id=str(data[0].id) if data else None, last_id=str(data[-1].id) if data else None)

@@ -5,8 +5,8 @@ A token is `base64url(nonce ‖ AES-256-GCM(payload))`, the payload being the ob
 SHA-256, size, download name and expiry. Encryption keeps the account id and object key out of
 URLs (which end up in logs, proxies and shell history); the GCM tag makes any change to a byte, a
 truncation or a splice of two tokens fail to open, exactly like a bad HMAC did before. The AES key
-is derived from `Settings.signing_secret` with HKDF under a label of its own, so the secret itself
-keys nothing else directly and a future token format can take a new label.
+is derived from `Settings.signing_secret` under a label of its own (openft/sealing.py), so a future
+token format can take a new label.
 """
 
 from __future__ import annotations
@@ -19,12 +19,11 @@ from dataclasses import dataclass
 
 import orjson
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from openft.sealing import NONCE_BYTES as _NONCE_BYTES
+from openft.sealing import aead
 
 _LABEL = b"openft blob token v1"
-_NONCE_BYTES = 12
 # A token of a long object key is ~400 characters; anything far longer is not one of ours and is
 # refused before it is decoded.
 MAX_TOKEN_CHARS = 2048
@@ -42,15 +41,10 @@ class Blob:
     expires: int
 
 
-def _aead(secret: bytes) -> AESGCM:
-    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_LABEL).derive(secret)
-    return AESGCM(key)
-
-
 def seal(secret: bytes, blob: Blob) -> str:
     nonce = os.urandom(_NONCE_BYTES)
     payload = orjson.dumps([blob.key, blob.sha256, blob.size, blob.name, blob.expires])
-    sealed = nonce + _aead(secret).encrypt(nonce, payload, _LABEL)
+    sealed = nonce + aead(secret, _LABEL).encrypt(nonce, payload, _LABEL)
     return base64.urlsafe_b64encode(sealed).rstrip(b"=").decode()
 
 
@@ -67,7 +61,7 @@ def unseal(secret: bytes, token: str) -> Blob | None:
     if base64.urlsafe_b64encode(raw).rstrip(b"=").decode() != token:
         return None
     try:
-        payload = _aead(secret).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _LABEL)
+        payload = aead(secret, _LABEL).decrypt(raw[:_NONCE_BYTES], raw[_NONCE_BYTES:], _LABEL)
     except (ValueError, InvalidTag):  # ValueError: too short to hold a nonce and a tag
         return None
     key, sha256, size, name, expires = orjson.loads(payload)

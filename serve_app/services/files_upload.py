@@ -15,8 +15,8 @@ Rules of the form (the framing rules are serve_app/multipart_stream.py's):
 - Bounded: a Content-Length over `MAX_BODY_BYTES` is refused before a byte is read; after any
   refusal at most `upload_drain_bytes` more are read (so the client reads the refusal), and a
   longer rest is left unread, the refusal closing the connection.
-- The account's file limits (serve_app/services/file_limits.py) before a byte is read, while
-  streaming, and under the account's lock when the row is inserted.
+- The account's file limits (files/limits.py) before a byte is read, while streaming, and under the
+  account's lock when the row is inserted (files/record.py `record_files`).
 """
 
 from __future__ import annotations
@@ -24,40 +24,31 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import threading
-import time
 from contextlib import ExitStack
-from dataclasses import dataclass
 from typing import AsyncIterator, Mapping
 
 from starlette.requests import ClientDisconnect
 
-from openft import metrics
+from files import limits
+from files.record import NewFile, finish_validation, new_validator, record_files, validation_refusal
 from openft.errors import InvalidRequest, PayloadTooLarge, ServiceError
 from openft.ids import file_id as new_file_id
-from pipelines.validate import FileStats, FileValidationError, StreamingValidator
-from pipelines.validate_ray import build_validation
+from openft.limits import FILE_BYTES, MIB
+from pipelines.validate import FileValidationError, StreamingValidator
 from serve_app.multipart_stream import MultipartStream, PartData, PartEnd, PartStart, boundary_of, incomplete
+from serve_app.request_body import declared_length
+from serve_app.request_params import BEYOND
 from serve_app.schemas.files import UPLOAD_PURPOSES
-from serve_app.services import file_limits
 from serve_app.state import AppState
 from storage import keys
-from storage.files import add_file
 from storage.models import Account, File
 
-MAX_BYTES = {"fine-tune": 64 * 1024 * 1024, "batch": 200 * 1024 * 1024, "batch_output": 200 * 1024 * 1024,
-             "evals": 200 * 1024 * 1024}
 # The largest file plus room for the form's other parts (16 fields of 1 KiB, their headers) and framing.
-MAX_BODY_BYTES = max(MAX_BYTES.values()) + 1024 * 1024
+MAX_BODY_BYTES = max(FILE_BYTES.values()) + MIB
 MAX_FIELD_BYTES = 1024
-BATCH_BYTES = 1024 * 1024
-DAY = 86400
+BATCH_BYTES = MIB
 # A refusal sent before the body was read to its end: the rest is not read, the connection closes.
 CLOSE_CONNECTION = {"Connection": "close"}
-
-
-def _validation_refusal(exc: FileValidationError) -> InvalidRequest | PayloadTooLarge:
-    cls = PayloadTooLarge if exc.code == "file_too_large" else InvalidRequest
-    return cls(exc.message, code=exc.code, param="file")
 
 
 def _check_purpose(purpose: str | None) -> str:
@@ -68,90 +59,6 @@ def _check_purpose(purpose: str | None) -> str:
         raise InvalidRequest("`purpose` must be one of " + ", ".join(UPLOAD_PURPOSES) + ".",
                              code="invalid_value", param="purpose")
     return purpose
-
-
-def _stats_record(stats: FileStats) -> dict:
-    if stats.row_kind is None:  # batch and evals files: rows only
-        return {"rows": stats.rows}
-    return {
-        "row_kind": stats.row_kind,
-        "rows": stats.rows,
-        "messages": stats.messages,
-        "content_bytes": stats.content_bytes,
-        "token_upper_bound": stats.token_upper_bound(),
-        "token_estimates": stats.token_estimates(),
-    }
-
-
-def new_validator(state: AppState, purpose: str) -> StreamingValidator:
-    return StreamingValidator(
-        purpose, max_bytes=MAX_BYTES[purpose], full_check_bytes=state.settings.validate_ray_threshold_bytes
-    )
-
-
-def finish_validation(state: AppState, key: str, purpose: str, validator: StreamingValidator | None,
-                      *, file_id: str) -> FileStats:  # fmt: skip
-    """Stats of the stored object `key` (file `file_id`): from the validator its bytes streamed
-    through, or (None) by streaming the stored object; lines past the inline threshold are checked
-    on Ray Data."""
-    try:
-        if validator is None:
-            validator = new_validator(state, purpose)
-            for chunk in state.store.iter_chunks(key):
-                validator.feed(chunk)
-        stats = validator.finish()
-        if not validator.complete:
-            started = time.monotonic()
-            stats = build_validation(
-                state.store.spec(), key, purpose,
-                start_offset=validator.checked_offset, start_line=validator.checked_line,
-                block_bytes=state.settings.validate_range_bytes_max, head_stats=stats, max_bytes=MAX_BYTES[purpose],
-                name=f"{file_id} validate",
-            )
-            metrics.record_upload_validation(stats.bytes - validator.checked_offset, time.monotonic() - started)
-    except FileValidationError as exc:
-        raise _validation_refusal(exc) from None
-    return stats
-
-
-@dataclass(frozen=True)
-class NewFile:
-    """A stored, validated object about to become a file."""
-
-    file_id: str
-    key: str
-    filename: str
-    purpose: str
-    size: int
-    sha256: str
-    stats: FileStats
-    derived_from: dict | None = None
-
-
-def record_files(state: AppState, account: Account, new: list[NewFile]) -> list[File]:
-    """The files rows for stored, validated objects, all or none, within the account's file limits
-    (checked under its lock); deletes the objects if the rows cannot be written."""
-    now = state.now()
-    rows = [
-        File(
-            id=f.file_id, created_ns=time.time_ns(), account_id=account.id, filename=f.filename, purpose=f.purpose,
-            bytes=f.size, created_at=now, expires_at=now + state.settings.file_retention_days * DAY,
-            status="processed", sha256=f.sha256, object_key=f.key, stats=_stats_record(f.stats),
-            derived_from=f.derived_from,
-        )
-        for f in new
-    ]
-    try:
-        with state.db.session() as session:
-            file_limits.check_locked(session, state.settings, account.id, now,
-                                     files=len(rows), nbytes=sum(f.size for f in new))
-            for row in rows:
-                add_file(session, row)
-            return rows
-    except BaseException:
-        for f in new:
-            state.store.delete(f.key)
-        raise
 
 
 class _Upload:
@@ -219,11 +126,11 @@ class _Upload:
             try:
                 self.validator.feed(data)
             except FileValidationError as exc:
-                raise _validation_refusal(exc) from None
-        elif self.size > max(MAX_BYTES.values()):
+                raise validation_refusal(exc) from None
+        elif self.size > max(FILE_BYTES.values()):
             raise PayloadTooLarge("The file is over the size limit.", code="file_too_large", param="file")
         if self.used_bytes + self.size > self.state.settings.account_max_file_bytes:
-            raise file_limits.over_bytes(self.state.settings, self.used_bytes)
+            raise limits.over_bytes(self.state.settings, self.used_bytes)
         self.hasher.update(data)
         self.writer.write(data)
 
@@ -240,19 +147,12 @@ class _Upload:
                 raise
             new = NewFile(file_id=self.file_id, key=self.key, filename=self.filename or "upload.jsonl",
                           purpose=purpose, size=self.size, sha256=self.hasher.hexdigest(), stats=stats)
-            return record_files(self.state, self.account, [new])[0]
+            return record_files(self.state, self.account.id, [new])[0]
 
     def abort(self) -> None:
         with self.lock:
             # Closing the writer's context with an exception discards the half-written object.
             self.stack.__exit__(InvalidRequest, InvalidRequest("upload aborted"), None)
-
-
-def _content_length(headers: Mapping[str, str]) -> int | None:
-    try:
-        return int(headers["content-length"])
-    except (KeyError, ValueError):
-        return None  # chunked (the server already refused a malformed length)
 
 
 async def _drain(body: AsyncIterator[bytes], limit: int) -> bool:
@@ -285,10 +185,10 @@ async def _stream(upload: _Upload, stream: MultipartStream, body: AsyncIterator[
 
 
 def _body_too_large(length: int | None = None) -> PayloadTooLarge:
-    size = f"is {length:,} bytes" if length is not None else "is longer"
+    size = f"is {length:,} bytes" if length is not None and length < BEYOND else "is longer"
     return PayloadTooLarge(
         f"The request body {size}; an upload's body may be at most {MAX_BODY_BYTES:,} bytes (the largest file, "
-        f"{max(MAX_BYTES.values()):,} bytes, and 1 MiB for the rest of the form).",
+        f"{max(FILE_BYTES.values()):,} bytes, and 1 MiB for the rest of the form).",
         code="request_too_large", param=None,
     )
 
@@ -298,7 +198,7 @@ async def upload_file(
 ) -> File:
     """The file a multipart body uploads; a refusal whose body was left unread carries
     `headers = CLOSE_CONNECTION` (the error handler sends them)."""
-    length = _content_length(headers)
+    length = declared_length(headers.get("content-length"))  # None: chunked
     if length is not None and length > MAX_BODY_BYTES:
         exc = _body_too_large(length)
         exc.headers = CLOSE_CONNECTION
@@ -307,8 +207,8 @@ async def upload_file(
     try:
         stream = MultipartStream(boundary_of(headers.get("content-type")),
                                  max_parts=state.settings.upload_max_form_fields)
-        count, used = await asyncio.to_thread(file_limits.usage, state, account.id)
-        file_limits.check(state.settings, count, used, files=1, nbytes=1)
+        count, used = await asyncio.to_thread(limits.usage, state, account.id)
+        limits.check(state.settings, count, used, files=1, nbytes=1)
         upload = _Upload(state, account, used_bytes=used)
         await _stream(upload, stream, body)
         return await asyncio.to_thread(upload.complete)

@@ -1,17 +1,13 @@
-"""Fine-tuning jobs: create (every refusal, the quote, admission under the open-job limit),
-list, retrieve, events, cancel, pause and resume."""
+"""Fine-tuning jobs as the API answers them: create (its checks and admission are jobs/create.py's),
+list, retrieve, events, checkpoints, and cancel, pause and resume (jobs/transitions.py), each
+returned as OpenAI's job object."""
 
 from __future__ import annotations
 
-import secrets
-import time
-
-from sqlalchemy import select
-
-from jobs import distilling, limits, model_names, transitions
+from jobs import model_names, transitions
+from jobs.create import create
 from jobs.spec import JobSpec
-from openft.errors import Conflict, InvalidRequest, NotFound
-from openft.ids import job_id as new_job_id
+from openft.errors import Conflict, NotFound
 from serve_app.schemas.common import Page
 from serve_app.schemas.fine_tuning import (
     CheckpointMetrics,
@@ -21,14 +17,12 @@ from serve_app.schemas.fine_tuning import (
     JobError,
     JobGridline,
 )
-from serve_app.services.job_files import check_files, file_facts, job_files
-from serve_app.services.job_params import check_validation_file, file_not_found, parse_create_request
 from serve_app.services.paging import check_limit
 from serve_app.state import AppState
-from storage import files as files_repo
 from storage import jobs as jobs_repo
+from storage.leases import Moved
 from storage.models import Account, Job
-from train.integrations.spec import check_available as check_integrations
+
 
 def job_object(job: Job, account: Account) -> FineTuningJob:
     spec = JobSpec.from_record(job.spec)
@@ -60,53 +54,9 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
 
 
 def create_job(state: AppState, account: Account, body: dict) -> FineTuningJob:
-    """Every check that reads no file's rows runs here; a batch results file as training_file (the
-    distill shortcut) is distilled and checked later by the controller (jobs/distilling.py)."""
-    spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31))
-    check_integrations(spec.integrations, state.settings)
-    with state.db.session() as session:
-        limits.check_open_jobs(session, account)  # fail fast; checked again under the lock below
-    training, validation = job_files(state, account.id, spec)
-    quote = None
-    if training.purpose == "batch_output":
-        if spec.method_type != "supervised":
-            raise InvalidRequest(
-                "training_file is a batch results file, which distills into chat rows; a dpo job trains on preference "
-                "rows. Use method.type supervised, or upload preference rows with purpose=fine-tune.",
-                code="invalid_file_format", param="training_file",
-            )
-        if validation is not None:
-            check_validation_file(spec, file_facts(validation))
-        spec = spec.with_derived({"results_file": training.id})
-    else:
-        quote = check_files(state, spec, training, validation)
-    now = state.now()
-    with state.db.session() as session:
-        # The account row lock serializes concurrent creates of one account (SQLite: BEGIN IMMEDIATE).
-        locked = session.scalar(select(Account).where(Account.id == account.id).with_for_update())
-        limits.check_create(session, locked, state.settings, quote.per_token.max_charge_usd if quote else None, now)
-        for param, row in (("training_file", training), ("validation_file", validation)):
-            if row is not None and files_repo.get_file(session, account.id, row.id) is None:
-                raise file_not_found(param)  # deleted while the checks ran
-        job = Job(
-            id=new_job_id(), account_id=account.id, model=spec.model,
-            created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
-            validation_file=spec.validation_file, seed=spec.seed, spec=spec.record(),
-            job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix,
-            quote=quote.model_dump() if quote else {}, estimated_finish=quote.estimated_finish(now) if quote else None,
-            result_files=[], updated_at=now,
-        )
-        transitions.add_new(session, job, now)
-        if "suffix_ignored" in spec.warnings:
-            jobs_repo.add_event(
-                session, job.id, now, "suffix_ignored: suffix is accepted but not used for model names yet.",
-                level="warn", data={"code": "suffix_ignored"},
-            )
-        if quote is None:
-            distilling.begin(session, job, now)
-        else:
-            transitions.admit(session, job, now)
-        return job_object(job, account)
+    """jobs/create.py checks and admits it; a batch results file as training_file (the distill
+    shortcut) is distilled and checked later by the worker (jobs/distilling.py)."""
+    return job_object(create(state, account, body), account)
 
 
 def _get(session, account: Account, job_id: str, *, for_update: bool = False) -> Job:
@@ -169,7 +119,7 @@ def list_checkpoints(
     )
 
 
-def _invalid_state(action: str, moved: transitions.Moved) -> Conflict:
+def _invalid_state(action: str, moved: Moved) -> Conflict:
     return Conflict(f"This job cannot be {action}: it is {moved.why}.", code="invalid_state", param="fine_tuning_job_id")
 
 

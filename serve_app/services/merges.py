@@ -3,14 +3,15 @@
 A `POST` runs the merge engine's preflight (adapter config and safetensors header only): the four
 refusals of the reference's first table answer `400 invalid_request` and record nothing; any other
 problem found there is recorded at once as a `failed` merge with its code; otherwise the merge is
-recorded `queued` and the background worker (`merge/worker.py`) runs it. A `POST` while the
+recorded `queued` and the worker runs it under a lease (merge/worker.py). A `POST` while the
 model's merge is queued, running or succeeded answers that merge unchanged (the merge is a pure
 function of the adapter, so there is nothing new to make); after a failure or expiry it merges again.
 
-Limits, checked under the account's row lock: one merge queued or running per account and 10
-accepted a UTC day answer `429 limit_exceeded` with `error.limit` (they clear by waiting, like the
-open-jobs limit); holding 4 exports or 64 GB answers `429 merge_weights_quota` (it clears by
-deleting one). A merge that would pass 64 GB once its size is known fails with the same code.
+Limits (merge/quota.py), checked under the account's row lock: one merge queued or running per
+account and 10 accepted a UTC day answer `429 limit_exceeded` with `error.limit` (they clear by
+waiting, like the open-jobs limit); holding 4 exports or 64 GB answers `429 merge_weights_quota`
+(it clears by deleting one). A merge that would pass 64 GB once its size is known fails with the
+same code.
 
 Downloads redirect to the stored object: an S3 presigned URL, or on the local backend a URL of this
 app (`/v1/gridline/blobs/{token}`) whose token is the encrypted, authenticated `{key, sha256, size,
@@ -24,10 +25,11 @@ from __future__ import annotations
 import time
 from typing import Callable, Iterator
 
+from merge import quota
 from merge.errors import MergeError
 from merge.run import preflight
-from merge.worker import DAILY_MERGES, MAX_EXPORT_BYTES, MAX_EXPORTS, merge_request, purge_exports
-from openft.errors import InvalidRequest, NotFound, RateLimited
+from merge.worker import merge_request, purge_exports
+from openft.errors import InvalidRequest, NotFound
 from openft.ids import new_id
 from serve_app.downloads import ByteRange, open_object
 from serve_app.schemas.merges import MergedFile, MergedWeights, MergedWeightsDeleted, MergeErrorInfo
@@ -36,11 +38,11 @@ from serve_app.services.models import get_ft_model
 from serve_app.state import AppState
 from storage import keys
 from storage import merges as repo
+from storage.leases import lock_account
 from storage.models import Account, Merge
 from storage.objects import ObjectNotFound
 
 URL_TTL_S = 300
-DAY_S = 86400
 
 
 def _status(row: Merge, now: int) -> str:
@@ -68,26 +70,6 @@ def _current(session, account_id: str, model: str, now: int) -> Merge | None:
     return latest if latest is not None and _status(latest, now) in ("queued", "running", "succeeded") else None
 
 
-def _check_limits(session, account_id: str, now: int) -> None:
-    running = repo.count_in_progress(session, account_id)
-    if running >= 1:
-        raise RateLimited("Your account runs one merge at a time and has one queued or running. Retry when it has "
-                          "ended, or DELETE it.", limit=1, current=running)  # fmt: skip
-    today = repo.count_created_since(session, account_id, now - now % DAY_S)
-    if today >= DAILY_MERGES:
-        raise RateLimited(f"Your account can start {DAILY_MERGES} merges a day and has started {today} today. "
-                          "Retry after 00:00 UTC.", limit=DAILY_MERGES, current=today)  # fmt: skip
-    exports, held = repo.held_exports(session, account_id, now)
-    if exports >= MAX_EXPORTS or held >= MAX_EXPORT_BYTES:
-        by_count = exports >= MAX_EXPORTS
-        raise RateLimited(
-            f"Your account already holds {exports} exports ({held / 1e9:.1f} GB); the limit is {MAX_EXPORTS} exports "
-            f"or {MAX_EXPORT_BYTES // 10**9} GB. Delete one and POST again.",
-            code="merge_weights_quota", limit=MAX_EXPORTS if by_count else MAX_EXPORT_BYTES,
-            current=exports if by_count else held,
-        )
-
-
 def start_merge(state: AppState, account: Account, model: str) -> MergedWeights:
     now = state.now()
     with state.db.session() as session:
@@ -111,11 +93,11 @@ def start_merge(state: AppState, account: Account, model: str) -> MergedWeights:
                                  code="invalid_request", param="model") from None  # fmt: skip
         draft.status, draft.finished_at, draft.error = "failed", now, {"code": exc.code, "message": exc.message}
     with state.db.session() as session:
-        repo.lock_account(session, account.id)
+        lock_account(session, account.id)
         current = _current(session, account.id, model, now)  # a concurrent POST of the same model
         if current is not None:
             return _object(current, now)
-        _check_limits(session, account.id, now)
+        quota.check_admission(session, account.id, now)
         session.add(draft)
         return _object(draft, now)
 

@@ -12,10 +12,8 @@ from typing import Iterator
 
 import orjson
 
-from sqlalchemy import select
-
 from catalog.bases import BASES
-from jobs.model_names import KeptCheckpoint, resolve_checkpoint, resolve_model
+from jobs.model_names import KeptCheckpoint, live_model, live_models, resolve_checkpoint, resolve_model
 from merge.worker import purge_exports
 from openft.errors import InvalidRequest, NotFound
 from serve_app.downloads import ByteRange, open_object
@@ -74,8 +72,7 @@ def _checkpoint_files(state: AppState, ckpt: KeptCheckpoint) -> dict[str, dict]:
 
 
 def get_ft_model(session, account: Account, model: str) -> FineTunedModel:
-    row = session.scalar(select(FineTunedModel).where(
-        FineTunedModel.id == model, FineTunedModel.account_id == account.id, FineTunedModel.deleted_at.is_(None)))
+    row = live_model(session, account.id, model)
     if row is None:
         raise NotFound("No such model.", param="model")
     return row
@@ -83,10 +80,7 @@ def get_ft_model(session, account: Account, model: str) -> FineTunedModel:
 
 def list_models(state: AppState, account: Account) -> Page[Model]:
     with state.db.session() as session:
-        rows = session.scalars(select(FineTunedModel).where(
-            FineTunedModel.account_id == account.id, FineTunedModel.deleted_at.is_(None)
-        ).order_by(FineTunedModel.created_ns)).all()
-        data = [_base_object(b) for b in BASES] + [_ft_object(r, account) for r in rows]
+        data = [_base_object(b) for b in BASES] + [_ft_object(r, account) for r in live_models(session, account.id)]
     return Page[Model](data=data, has_more=False)
 
 

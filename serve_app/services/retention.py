@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import logging
 
-from sqlalchemy import delete, select
-
 from merge.worker import expire_exports
 from pipelines.tokenize import MANIFEST as TOKENIZED_MANIFEST
 from serve_app.state import AppState
-from storage import keys
 from storage import files as files_repo
+from storage import jobs as jobs_repo
+from storage import keys
 from storage import webhooks as webhooks_repo
-from storage.models import File, FineTunedModel, Job, JobEvent
+from storage.models import Job
 from storage.tokenized_reaps import mark, shards_in_use, stale_marks, unmark
 
 log = logging.getLogger("openft.reaper")
@@ -71,13 +70,10 @@ def _reap_files(state: AppState, now: int) -> int:
 def _reap_run_copies(state: AppState, now: int) -> dict[str, int]:
     cutoff = now - state.settings.run_copy_retention_days * DAY
     with state.db.session() as session:
-        jobs = session.scalars(select(Job).where(
-            Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_(None)
-        ).order_by(Job.finished_at).limit(BATCH)).all()
-        keep = dict(session.execute(select(FineTunedModel.job_id, FineTunedModel.adapter_prefix).where(
-            FineTunedModel.job_id.in_([j.id for j in jobs]), FineTunedModel.deleted_at.is_(None))).all())
-        file_ids = {f for j in jobs for f in (j.training_file, j.validation_file) if f}
-        shas = set(session.scalars(select(File.sha256).where(File.id.in_(file_ids)))) if file_ids else set()
+        jobs = jobs_repo.ended_with_copies(session, cutoff, limit=BATCH)
+        keep = jobs_repo.live_adapters(session, [j.id for j in jobs])
+        file_ids = [f for j in jobs for f in (j.training_file, j.validation_file) if f]
+        shas = {row.sha256 for row in files_repo.files_by_id(session, file_ids).values()}
         shas.update(stale_marks(session, now, BATCH))
     objects = 0
     for job in jobs:
@@ -120,11 +116,5 @@ def _reap_tokenized(state: AppState, sha: str, cutoff: int, now: int) -> bool:
 def _reap_jobs(state: AppState, now: int) -> dict[str, int]:
     cutoff = now - state.settings.job_retention_days * DAY
     with state.db.session() as session:
-        ids = session.scalars(select(Job.id).where(
-            Job.finished_at.is_not(None), Job.finished_at <= cutoff, Job.copies_deleted_at.is_not(None)
-        ).limit(BATCH)).all()
-        if not ids:
-            return {"jobs": 0, "events": 0}
-        events = session.execute(delete(JobEvent).where(JobEvent.job_id.in_(ids))).rowcount
-        session.execute(delete(Job).where(Job.id.in_(ids)))
+        ids, events = jobs_repo.delete_ended_before(session, cutoff, limit=BATCH)
     return {"jobs": len(ids), "events": events}

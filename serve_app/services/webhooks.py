@@ -2,10 +2,12 @@
 the event types; the owner's delivery log.
 
 Refusals come before anything is written: the body's fields (OpenAI's: name, url, event_types),
-the URL (http or https, a host, no credentials or fragment), the event types (those this service
-sends: webhooks/events.py), then the per-account endpoint limit, checked under the account's
-lock with the insert. An endpoint is visible to its account only; another's answers 404. The
-secret is in the answers of create and rotate_secret only, as OpenAI does.
+the URL (http or https, a host, no credentials or fragment, no IP literal or localhost that the
+address rule refuses: webhooks/targets.py), the event types (those this service sends:
+webhooks/events.py), then the per-account endpoint limit, checked under the account's lock with
+the insert. An endpoint is visible to its account only; another's answers 404. The secret is in
+the answers of create and rotate_secret only, as OpenAI does, and stored sealed
+(webhooks/secrets.py).
 """
 
 from __future__ import annotations
@@ -13,8 +15,7 @@ from __future__ import annotations
 import time
 from urllib.parse import urlsplit
 
-from jobs.transitions import lock_account
-from openft.errors import InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
+from openft.errors import Conflict, InvalidRequest, NotFound, RateLimited, ServiceError, unknown_parameter
 from openft.ids import new_id
 from serve_app.schemas.common import Page
 from serve_app.schemas.webhooks import (
@@ -29,10 +30,12 @@ from serve_app.schemas.webhooks import (
 from serve_app.services.paging import check_limit, page_of
 from serve_app.state import AppState
 from storage import webhooks as repo
+from storage.leases import lock_account
 from storage.models import Account
 from storage.models import WebhookEndpoint as EndpointRow
-from webhooks import events, signing
+from webhooks import events, signing, targets
 from webhooks.delivery import post
+from webhooks.secrets import SecretBox, SecretUnreadable
 
 NAME_CHARS, URL_CHARS = 256, 2048
 KEEP_OLD_SECRET_S = 24 * 3600
@@ -46,10 +49,22 @@ class EndpointUnreachable(ServiceError):
     retryable = False
 
 
-def endpoint_object(row: EndpointRow, *, with_secret: bool = False) -> WebhookEndpoint:
-    fields = dict(id=row.id, created_at=row.created_at, event_types=list(row.event_types), name=row.name,
-                  signing_secret_hint=signing.hint(row.secret), url=row.url, updated_at=row.updated_at)
-    return WebhookEndpointWithSecret(**fields, signing_secret=row.secret) if with_secret else WebhookEndpoint(**fields)
+def endpoint_object(row: EndpointRow, secret: str | None) -> WebhookEndpoint:
+    return WebhookEndpoint(id=row.id, created_at=row.created_at, event_types=list(row.event_types), name=row.name,
+                           signing_secret_hint=signing.hint(secret) if secret else None, url=row.url,
+                           updated_at=row.updated_at)
+
+
+def _shown(state: AppState, row: EndpointRow) -> WebhookEndpoint:
+    """The endpoint as lists show it; no hint when its secret no longer opens (signing_secret changed)."""
+    try:
+        return endpoint_object(row, SecretBox(state.settings).open(row.secret))
+    except SecretUnreadable:
+        return endpoint_object(row, None)
+
+
+def _with_secret(row: EndpointRow, secret: str) -> WebhookEndpointWithSecret:
+    return WebhookEndpointWithSecret(**endpoint_object(row, secret).model_dump(), signing_secret=secret)
 
 
 def _invalid(message: str, param: str, code: str = "invalid_value") -> InvalidRequest:
@@ -68,8 +83,9 @@ def _name(value) -> str:
     return value
 
 
-def _url(value) -> str:
-    """An absolute http(s) URL with a host. Messages never echo it (it is the caller's data)."""
+def _url(value, allowed) -> str:
+    """An absolute http(s) URL with a host that is not a refused address as written. Messages never
+    echo it (it is the caller's data)."""
     if not isinstance(value, str) or len(value) > URL_CHARS:
         raise _invalid(f"url must be a string of at most {URL_CHARS} characters.", "url", "invalid_url")
     try:
@@ -83,6 +99,9 @@ def _url(value) -> str:
     if parts.username is not None or parts.password is not None or parts.fragment or any(c.isspace() for c in value):
         raise _invalid("url must not hold credentials, a #fragment or whitespace: sign-in data would be stored "
                        "and shown in the endpoint; verify the signature instead.", "url", "invalid_url")
+    for address in targets.literal_addresses(parts.hostname):
+        if (why := targets.refusal(address, allowed)) is not None:
+            raise _invalid(targets.refused_message(why), "url", "invalid_url")
     return value
 
 
@@ -105,7 +124,7 @@ def _required(body: dict, key: str):
 
 def create_endpoint(state: AppState, account: Account, body: dict) -> WebhookEndpointWithSecret:
     _check_keys(body, ("name", "url", "event_types"))
-    name, url = _name(_required(body, "name")), _url(_required(body, "url"))
+    name, url = _name(_required(body, "name")), _url(_required(body, "url"), state.settings.webhook_allowed_networks)
     event_types = _event_types(_required(body, "event_types"))
     limit = state.settings.webhook_endpoints_per_account
     now = state.now()
@@ -115,11 +134,13 @@ def create_endpoint(state: AppState, account: Account, body: dict) -> WebhookEnd
         if current >= limit:
             raise RateLimited(f"This account has {current} webhook endpoints, the most it may have ({limit}); "
                               "delete one first.", limit=limit, current=current, param=None)
+        secret = signing.new_secret()
         row = EndpointRow(id=new_id("wh_", 24), account_id=account.id, name=name, url=url, event_types=event_types,
-                          secret=signing.new_secret(), created_at=now, created_ns=time.time_ns(), updated_at=now)
+                          secret=SecretBox(state.settings).seal(secret), created_at=now, created_ns=time.time_ns(),
+                          updated_at=now)
         session.add(row)
         session.flush()
-        return endpoint_object(row, with_secret=True)
+        return _with_secret(row, secret)
 
 
 def _owned(session, account: Account, endpoint_id: str) -> EndpointRow:
@@ -131,14 +152,14 @@ def _owned(session, account: Account, endpoint_id: str) -> EndpointRow:
 
 def retrieve_endpoint(state: AppState, account: Account, endpoint_id: str) -> WebhookEndpoint:
     with state.db.session() as session:
-        return endpoint_object(_owned(session, account, endpoint_id))
+        return _shown(state, _owned(session, account, endpoint_id))
 
 
 def list_endpoints(state: AppState, account: Account, *, limit: int, after: str | None) -> Page[WebhookEndpoint]:
     check_limit(limit, 100)
     with state.db.session() as session:
         rows, has_more = repo.list_endpoints(session, account.id, limit=limit, after=after)
-        data = [endpoint_object(r) for r in rows]
+        data = [_shown(state, r) for r in rows]
     return page_of(data, has_more)
 
 
@@ -150,7 +171,7 @@ def update_endpoint(state: AppState, account: Account, endpoint_id: str, body: d
         if body.get("name") is not None:
             changes["name"] = _name(body["name"])
         if body.get("url") is not None:
-            changes["url"] = _url(body["url"])
+            changes["url"] = _url(body["url"], state.settings.webhook_allowed_networks)
         if body.get("event_types") is not None:
             changes["event_types"] = _event_types(body["event_types"])
         changed = {k: v for k, v in changes.items() if getattr(row, k) != v}
@@ -158,7 +179,7 @@ def update_endpoint(state: AppState, account: Account, endpoint_id: str, body: d
             setattr(row, key, value)
         if changed:
             row.updated_at = state.now()
-        return endpoint_object(row)
+        return _shown(state, row)
 
 
 def delete_endpoint(state: AppState, account: Account, endpoint_id: str) -> DeletedWebhookEndpoint:
@@ -178,15 +199,25 @@ def rotate_secret(state: AppState, account: Account, endpoint_id: str, body: dic
         if not isinstance(keep, bool):
             raise _invalid("keep_old_secret_active_for_24_hours must be true or false.",
                            "keep_old_secret_active_for_24_hours")
-        now = state.now()
+        now, secret, box = state.now(), signing.new_secret(), SecretBox(state.settings)
+        keep = keep and _opens(box, row.secret)  # an unreadable old secret could sign nothing
         row.previous_secret, row.previous_secret_until = (row.secret, now + KEEP_OLD_SECRET_S) if keep else (None, None)
-        row.secret, row.updated_at = signing.new_secret(), now
-        return endpoint_object(row, with_secret=True)
+        row.secret, row.updated_at = box.seal(secret), now
+        return _with_secret(row, secret)
+
+
+def _opens(box: SecretBox, stored: str) -> bool:
+    try:
+        box.open(stored)
+    except SecretUnreadable:
+        return False
+    return True
 
 
 def send_test_event(state: AppState, account: Account, endpoint_id: str, body: dict) -> WebhookEndpointTestResult:
     """POST a sample event (a fresh event id, `data.id` naming no object) signed as a delivery is,
-    and answer the status the endpoint gave. Nothing is queued or retried."""
+    under a delivery's deadline and address rule, and answer the status the endpoint gave. Nothing
+    is queued or retried."""
     with state.db.session() as session:
         row = _owned(session, account, endpoint_id)
         _check_keys(body, ("event_type",))
@@ -194,10 +225,18 @@ def send_test_event(state: AppState, account: Account, endpoint_id: str, body: d
         if event_type not in events.EVENT_TYPES:
             raise _invalid(f"event_type must be one of {', '.join(events.EVENT_TYPES)}.", "event_type",
                            "unsupported_value")
-        url, keys = row.url, repo.signing_keys(row, time.time())
+        try:
+            url, keys = row.url, SecretBox(state.settings).open_all(repo.signing_keys(row, time.time()))
+        except SecretUnreadable:
+            raise Conflict("This endpoint's signing secret no longer opens with the service's signing key (the "
+                           "operator changed it); give it a new one with rotate_secret.", code="secret_unreadable",
+                           param="webhook_endpoint_id") from None
     event_id = events.event_id()
     body_text = events.payload(event_id, event_type, state.now(), events.SAMPLE_IDS[event_type])
-    answer = post(url, keys, event_id, body_text, timeout_s=state.settings.webhook_timeout_seconds)
+    answer = post(url, keys, event_id, body_text, deadline_s=state.settings.webhook_timeout_seconds,
+                  allowed=state.settings.webhook_allowed_networks)
+    if answer.error == "address_refused":
+        raise _invalid(targets.refused_message(answer.refused), "url", "invalid_url")
     if answer.status_code is None:
         raise EndpointUnreachable(f"The endpoint did not answer the test event ({answer.error}); check that the URL "
                                   "is reachable from this service.", code="endpoint_unreachable",

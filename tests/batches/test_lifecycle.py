@@ -13,6 +13,7 @@ from sqlalchemy import select
 
 from batches import run as batch_run
 from batches import scheduling, transitions
+from batches.plan import Plan
 from jobs import scheduling as job_scheduling
 from jobs import transitions as job_transitions
 from openft.errors import RateLimited
@@ -20,7 +21,7 @@ from openft.pricing import DEFAULT_RATES, BaseRate, PriceTable
 from serve_app.services import batches as service
 from serve_app.services.models import delete_model
 from serve_app.state import AppState
-from storage import keys
+from storage import keys, leases
 from storage.billing import credit
 from storage.models import Account, Batch, File, Job, LedgerEntry
 from storage.objects import open_object_store
@@ -124,12 +125,13 @@ def test_the_lease_decides_who_drives_and_a_lost_driver_runs_it_again_once(world
     assert world.claim() == []  # leased: no second driver, and the cap (1) is full
     with world.db.session() as session:
         assert not transitions.begin(session, batch_id, "someone-else", NOW, billing_enabled=False, quote=None).ok
-        assert transitions.renew(session, batch_id, "someone-else", NOW, 2) is None
+        assert not leases.renew(session, transitions.BATCH, batch_id, "someone-else", NOW, 2)
     with world.db.session() as session:
         moved = transitions.begin(session, batch_id, first.owner, NOW, billing_enabled=False, quote=None)
     assert moved.status == "in_progress" and world.get(batch_id).in_progress_at == NOW
     with world.db.session() as session:
-        seen = transitions.renew(session, batch_id, first.owner, NOW, 2)
+        assert leases.renew(session, transitions.BATCH, batch_id, first.owner, NOW, 2)
+        seen = transitions.seen(session, batch_id)
     assert seen.stop_reason(NOW) is None and seen.stop_reason(seen.expires_at) == "expired"
 
     # Its controller dies: the lease lapses and the next pass runs it again from the start.
@@ -155,13 +157,13 @@ def test_a_cancel_reaches_a_running_driver_through_its_heartbeat(world):
     [claim] = world.claim()
     with world.db.session() as session:
         transitions.begin(session, batch_id, claim.owner, NOW, billing_enabled=False, quote=None)
-    beat = batch_run.Heartbeat(world.ctx, claim, total=1)
-    beat.beat()
-    assert beat.should_stop() is None
+    beat = batch_run.heartbeat(world.ctx, claim, total=1, counts=[0, 0])
+    assert beat.beat()
+    assert batch_run.stop_reason(beat) is None
     with world.db.session() as session:
         transitions.cancel(session, transitions.lock_batch(session, batch_id), NOW)
-    beat.beat()
-    assert beat.should_stop() == "cancelled"
+    assert beat.beat()
+    assert batch_run.stop_reason(beat) == "cancelled"
     with world.db.session() as session:
         moved = transitions.finish(session, batch_id, claim.owner, NOW, stopped="cancelled",
                                    counts={"total": 1, "completed": 0, "failed": 1}, output_file_id=None,
@@ -226,9 +228,10 @@ def test_a_staged_copy_outlives_the_model_deleted_mid_batch(world):
     batch_id = world.batch(account, JOB_MODEL, kept, gone)
     delete_model(world.state, account, gone)  # before the batch started: its lines are refused
     [claim] = world.claim()
-    models, refused = batch_run.stage(world.ctx, world.get(batch_id))
+    batch = world.get(batch_id)
+    models, refused = batch_run.stage(world.ctx, batch, Plan.from_record(batch.plan))
     assert [name for name, _ in models] == [JOB_MODEL, kept] and models[0][1] is None
-    assert refused[gone]["code"] == "model_not_found" and refused[gone]["status_code"] == 404
+    assert refused[gone].code == "model_not_found" and refused[gone].status_code == 404
     staged = models[1][1]
     assert staged.startswith(keys.batch_stage(batch_id))
     delete_model(world.state, account, kept)  # while the batch runs: the batch keeps its copy

@@ -30,7 +30,7 @@ from tests.cluster.conftest import SESSION_DIR, WORKERS, cluster_service_env, s3
 from tests.factories import batch_request_line, jsonl
 from tests.serve_app.test_training_api import events, wait
 from tests.utils.polling import until
-from train.controller import CONTROLLER_NAME
+from worker.controller import CONTROLLER_NAME
 
 # The flow twice (one node, then the cluster) in a module fixture: longer than pytest-timeout's 600 s default.
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]

@@ -19,7 +19,7 @@ def service(apis):
     Short leases so that a lost run is reconciled within seconds."""
     import ray
 
-    from train.controller import start_controller
+    from worker.controller import start_controller
 
     made, names = [], []
 

@@ -20,12 +20,11 @@ from openft.settings import Settings
 from serve_app.app import create_app
 from serve_app.state import AppState
 from storage import keys
-from tests.conftest import Api, _new_pg_database, free_port
+from tests.conftest import FUZZ_SUMMARY, Api, _new_pg_database, free_port
 from tests.utils.polling import until
 
 FUZZ_ADMIN_KEY = "fuzz-admin-key-0123456789abcdef"
 ENVELOPE_KEYS = {"message", "type", "param", "code"}  # OpenAI's error object, every refusal's shape
-_REPORT: list[str] = []
 
 
 # The large profile accepts thousands of files into one account, past the per-account file limit
@@ -51,11 +50,13 @@ def fuzz_pg_api(apis, fuzz_pg_database_url) -> Api:
 
 
 @contextmanager
-def serve_in_thread(settings: Settings) -> Iterator[tuple[str, AppState]]:
-    """The API app on uvicorn in a daemon thread: (base URL ending in /v1, the app's state)."""
+def serve_in_thread(settings: Settings, http="auto") -> Iterator[tuple[str, AppState]]:
+    """The API app on uvicorn in a daemon thread: (base URL ending in /v1, the app's state). `http`:
+    uvicorn's protocol (the Serve proxy's bounded one: entrypoints/serve_proxy.py)."""
     app = create_app(settings)
     port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
+                                           http=http))
     thread = threading.Thread(target=server.run, name="fuzz-uvicorn", daemon=True)
     thread.start()
     try:
@@ -73,12 +74,6 @@ def stored_keys(state: AppState, account_id: str) -> set[str]:
 
 @pytest.fixture(scope="session")
 def fuzz_report():
-    """fuzz_report(line): a summary line printed after the run (case counts, durations)."""
-    return _REPORT.append
+    """fuzz_report(line): a summary line printed after the run (case counts, durations; tests/conftest.py)."""
+    return FUZZ_SUMMARY.append
 
-
-def pytest_terminal_summary(terminalreporter):
-    if _REPORT:
-        terminalreporter.section("fuzz summary")
-        for line in _REPORT:
-            terminalreporter.write_line(line)

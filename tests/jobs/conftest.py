@@ -11,7 +11,7 @@ import pytest
 from openft.settings import Settings
 from storage.db import Database
 
-# Scripted runs (tests/jobs/runs.py) store a placeholder adapter no model can load, so the serving-
+# Scripted runs (tests/worker/runs.py) store a placeholder adapter no model can load, so the serving-
 # parity check (train/parity.py, tested in tests/train/test_parity.py) is off for these controllers.
 NO_PARITY = {"parity_check": False}
 

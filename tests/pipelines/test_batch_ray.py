@@ -161,3 +161,22 @@ def test_expiry_before_any_line_runs(ray_cluster, settings, store, adapters):
     errors = read_lines(store, plan.error_key)
     assert [e["custom_id"] for e in errors] == [f"e-{i}" for i in range(5)] + ["gone"]
     assert [e["error"]["code"] for e in errors[:5]] == ["batch_expired"] * 5
+
+
+@pytest.mark.parametrize("body, code, param", [
+    ({"n": True}, "invalid_value", "body.n"), ({"n": 1.0}, "invalid_value", "body.n"),
+    ({"n": 2}, "unsupported_value", "body.n"),
+    ({"messages": [{"role": "user", "content": "hi", "name": "bob"}]}, "unsupported_field", "body.messages[0].name"),
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "user", "content": "hi", "tool_call_id": "t"}]},
+     "unsupported_field", "body.messages[1].tool_call_id"),
+])
+def test_a_line_that_would_run_another_request_is_refused_by_name(body, code, param):
+    """Issue 24: `"n": true` and `"n": 1.0` ran as n=1, and a message's `name` was dropped."""
+    from pipelines._batch_input import parse_line
+
+    line = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"model": BASE_ID, "messages": [{"role": "user", "content": "hi"}], **body}}
+    parsed = parse_line(orjson.dumps(line), 1)
+    assert parsed.request is None and (parsed.error.status_code, parsed.error.code, parsed.error.param) == (400, code, param)
+    plain = {**line, "body": {"model": BASE_ID, "messages": [{"role": "user", "content": "hi"}], "n": 1}}
+    assert parse_line(orjson.dumps(plain), 1).error is None

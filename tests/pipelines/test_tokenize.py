@@ -13,6 +13,7 @@ from transformers import AutoTokenizer
 from catalog.bases import BASES, get_base
 from catalog.model_source import ModelSource
 from catalog.standins import standin_dir
+from openft.errors import TrainingError
 from pipelines.tokenize import (
     IGNORE_INDEX,
     build_tokenized,
@@ -24,7 +25,6 @@ from pipelines.tokenize import (
 )
 from storage.objects import open_object_store
 from tests.factories import chat_row, jsonl, preference_row
-from train.config import TrainingError
 
 # The Mistral template writes "[/INST] " before an answer and its tokenizer folds that space into
 # the answer's first token, which therefore trains.

@@ -187,6 +187,12 @@ def test_open_batch_limit(env):
     client.batches.cancel(first.id)  # cancelling is still open until the controller closes it
     refused(client, file_id, status=429)
     assert client.batches.retrieve(second.id).status == "validating"
+    # At the limit, whose file it is is still checked first: another account's file is not found
+    # (issue 24: it answered 429, with this account's open batches in error.limit).
+    other, _ = env.account()
+    theirs = upload(other, lines(BASE)).id
+    body = refused(client, theirs)
+    assert (body["code"], body["param"]) == ("file_not_found", "input_file_id") and "limit" not in body
 
 
 def test_two_concurrent_creates_at_the_limit(env, api):

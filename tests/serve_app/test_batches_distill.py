@@ -16,8 +16,9 @@ import pytest
 from batches import run as batch_run
 from batches import transitions
 from batches.scheduling import Claim
+from files.distill import requests_file_for
 from jobs import distilling
-from serve_app.services.distill import distill_job, requests_file_for
+from jobs.distilling import distill_job
 from serve_app.state import AppState
 from storage import keys
 from storage.db import Database
@@ -93,9 +94,9 @@ def test_distill_takes_the_batchs_own_input_file(state):
     with state.db.session() as session:
         account = session.get(Account, session.get(File, uploaded.id).account_id)
         session.expunge(account)
-    picked, pick = requests_file_for(state, account, session_file(state, uploaded.id))
+    picked, pick = requests_file_for(state, account.id, session_file(state, uploaded.id))
     assert picked.id == decoy.id and pick["rule"] == "custom_id_overlap" and pick["matched"] == N
-    picked, pick = requests_file_for(state, account, session_file(state, batch.output_file_id))
+    picked, pick = requests_file_for(state, account.id, session_file(state, batch.output_file_id))
     assert picked.id == own.id and pick["rule"] == "batch_input_file"
 
 

@@ -1,7 +1,7 @@
 """Billing: the credit hold at start, the per-token charge at the end, limits, the admin API.
 
 Two setups. The job controller's rules run in-process on a data dir of each test's own
-(`JobController(settings)`, real SQLite, real local store, real Ray for its capacity check):
+(`Controller(settings)`, real SQLite, real local store, real Ray for its capacity check):
 jobs are put in the statuses the API creates (queued, with the quote's `per_token`) and the
 controller moves them on: `tick` (hold or insufficient_quota), `conclude` (success,
 adapter_quota_exceeded, failures), `reconcile`, the 24-hour expiry. The admin API, the limits at
@@ -21,23 +21,23 @@ import orjson
 import pytest
 from sqlalchemy import func, select
 
+from jobs import transitions
+from jobs.scheduling import Started
 from openft.errors import RateLimited
 from openft.ids import job_id as new_job_id
 from openft.settings import Settings
 from serve_app.services.fine_tuning_jobs import cancel_job, create_job
 from serve_app.state import AppState
-from jobs import transitions
-from jobs.scheduling import Started
 from storage import billing
 from storage.accounts import create_account
 from storage.db import Database
+from storage.leases import LeaseLost
 from storage.models import Account, FineTunedModel, Job, JobEvent, LedgerEntry
 from storage.objects import open_object_store
-from train.attempt import AttemptResult
-from train.controller import LeaseLost
 from tests.conftest import ADMIN_KEY
 from tests.factories import create_jobs_in_parallel
 from tests.serve_app.test_jobs_api import TRAIN, upload
+from train.attempt import AttemptResult
 
 MODEL = "qwen2.5-0.5b-instruct"
 DAY = 86400
@@ -56,9 +56,9 @@ def own(tmp_path: Path, ray_cluster):
 
 
 def controller(settings: Settings):
-    from train.controller import JobController
+    from worker.controller import Controller
 
-    return JobController(settings)
+    return Controller(settings)
 
 
 def new_account(db: Database, deposit_usd: str | None = None) -> str:
@@ -180,7 +180,7 @@ def test_succeeded_job_is_charged_rate_times_trained_tokens_to_the_cent(own, tok
     run = start_with_hold(db, job_id)
     assert money(db, account) == (10.00, max_charge)
     write_adapter(settings, job_id)
-    ctl.conclude(run, "supervised", succeeded(tokens))
+    ctl.runs_work.conclude(run, "supervised", succeeded(tokens))
     job = job_row(db, job_id)
     assert job.status == "succeeded" and job.trained_tokens == tokens
     assert job.charge == {"usd": cents / 100, "cents": cents, "basis": basis, "trained_tokens": tokens,
@@ -200,7 +200,7 @@ def test_adapter_quota_exceeded_is_charged_its_tokens_without_the_minimum(own):
     ctl = controller(settings)
     run = start_with_hold(db, job_id)
     write_adapter(settings, job_id)
-    ctl.conclude(run, "supervised", succeeded(112_345))
+    ctl.runs_work.conclude(run, "supervised", succeeded(112_345))
     job = job_row(db, job_id)
     assert (job.status, job.error["code"]) == ("failed", "adapter_quota_exceeded")
     assert job.charge["cents"] == 4 and job.charge["basis"] == "trained_tokens"  # 0.044938 USD, no 0.50 minimum
@@ -214,7 +214,7 @@ def test_each_platform_failure_leaves_the_balance_unchanged(own):
     ctl = controller(settings)
 
     timed_out = put_job(db, account)
-    ctl.conclude(start_with_hold(db, timed_out), "supervised", AttemptResult(
+    ctl.runs_work.conclude(start_with_hold(db, timed_out), "supervised", AttemptResult(
         "failed", error_code="time_limit_exceeded", error_message="Training did not finish within 7200 s."))
 
     interrupted = put_job(db, account, attempts=1)
@@ -251,10 +251,10 @@ def test_charge_is_applied_once_across_a_controller_restart(own):
     assert ledger(db, account) == [("deposit", 1000), ("hold", -300)]
 
     write_adapter(settings, job_id)
-    ctl.conclude(run, "supervised", succeeded(2_000_000))  # 1.60 USD
+    ctl.runs_work.conclude(run, "supervised", succeeded(2_000_000))  # 1.60 USD
     again = controller(settings)  # restarted after the job ended: nothing to reconcile
     with pytest.raises(LeaseLost):  # a replayed end proves a lease the job no longer has
-        again.conclude(run, "supervised", succeeded(2_000_000))
+        again.runs_work.conclude(run, "supervised", succeeded(2_000_000))
     with db.session() as session:
         billing.settle(session, session.get(Job, job_id), int(time.time()))
     assert ledger(db, account) == [("deposit", 1000), ("hold", -300), ("release", 300), ("charge", -160)]

@@ -3,8 +3,8 @@ back at once in `validating_files` (reason `distilling`), and the job controller
 checks the derived files as create would, and admits it, or fails it with create's code.
 
 Real parts: a deployment of its own with billing on (the SDK creates, cancels and reads), and the
-real `JobController` in-process on that deployment's database and store (real distillation on Ray
-Data, real create checks), with scripted runs (tests/jobs/runs.py) in place of Ray Train. Passes
+real `Controller` in-process on that deployment's database and store (real distillation on Ray
+Data, real create checks), with scripted runs (tests/worker/runs.py) in place of Ray Train. Passes
 are driven by `tick()` so a test decides when the controller acts: before it does, nothing has
 been distilled, which is what proves create did not distill in the request."""
 
@@ -17,16 +17,16 @@ import pytest
 from sqlalchemy import select
 
 from jobs import scheduling
-from serve_app.services.distill import distill_job
+from jobs.distilling import distill_job
 from serve_app.state import AppState
 from storage import billing
 from storage.accounts import create_account, limits_row
 from storage.models import File, Job, LedgerEntry
 from tests.factories import batch_request_line, batch_result_line, distill_files, jsonl
-from tests.jobs.runs import ScriptedRuns
 from tests.serve_app.test_jobs_api import refused
 from tests.utils.polling import until
-from train.controller import JobController
+from tests.worker.runs import ScriptedRuns
+from worker.controller import Controller
 
 # make test-heavy: a deployment of its own and real Ray Data distillations (about a minute here);
 # make test keeps the shortcut's end-to-end run in tests/serve_app/test_training_api.py.
@@ -55,8 +55,8 @@ def state(dapi):
 def ctl(dapi, state):
     made = []
 
-    def make() -> JobController:
-        made.append(JobController(dapi.settings, runs=ScriptedRuns(steps=3)))
+    def make() -> Controller:
+        made.append(Controller(dapi.settings, runs=ScriptedRuns(steps=3)))
         return made[-1]
 
     yield make
@@ -84,7 +84,7 @@ def job_row(state, job_id: str) -> Job:
         return session.get(Job, job_id)
 
 
-def drive(controller: JobController, state, job_id: str, statuses=ENDED, timeout: float = 180) -> Job:
+def drive(controller: Controller, state, job_id: str, statuses=ENDED, timeout: float = 180) -> Job:
     """Controller passes until the job reaches one of `statuses` with nothing driving it."""
     def reached():
         controller.tick()

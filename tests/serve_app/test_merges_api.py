@@ -22,14 +22,15 @@ from transformers import AutoModelForCausalLM
 
 from catalog.bases import get_base
 from catalog.standins import MANIFEST, standin_dir
+from jobs.model_names import model_name
+from merge.quota import MAX_EXPORT_BYTES
 from merge.run import ADAPTER_CONFIG, ADAPTER_MODEL
-from merge.worker import EXPORT_TTL_S, MAX_EXPORT_BYTES, claim_pending_merges, process_merge, run_pending_merges
+from merge.worker import EXPORT_TTL_S, claim_pending_merges, process_merge, run_pending_merges
 from openft.ids import new_id
 from serve_app.services.blob_tokens import Blob, seal
 from serve_app.state import AppState
 from storage.models import Account, FineTunedModel, Merge
 from tests.merge.builders import Adapter, train_adapter
-from train.registration import model_name
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 BASE = get_base("qwen2.5-0.5b-instruct")
@@ -174,10 +175,10 @@ def test_delete_while_running_and_delete_of_an_export(env, account, adapters):
     _, account_id, key = account
     model = env.register(account_id, adapters["good"])
     assert env.call(key, "POST", model).json()["status"] == "queued"
-    (merge_id,) = claim_pending_merges(env.state.db, now=int(time.time()))
+    (claim,) = claim_pending_merges(env.state.db, now=int(time.time()))
     assert env.call(key, "GET", model).json()["status"] == "running"
     assert env.call(key, "DELETE", model).json()["deleted"] is False
-    assert process_merge(env.state.settings, merge_id, db=env.state.db, store=env.state.store) == "failed"
+    assert process_merge(env.state.settings, claim, db=env.state.db, store=env.state.store) == "failed"
     gone = env.call(key, "GET", model).json()
     assert (gone["status"], gone["error"]["code"]) == ("failed", "merge_weights_gone")
     assert list(env.state.store.list(env.row(account_id, model).export_prefix + "/")) == []

@@ -1,4 +1,4 @@
-"""Rate limits per API key and uploads in flight per account (serve_app/rate_limits.py).
+"""Rate limits per account and uploads in flight per account (serve_app/rate_limits.py).
 
 Against the running API with limits on (the suite's deployments run without): on PostgreSQL the
 Serve app beside a second replica that shares its database, the same app from the same settings

@@ -50,6 +50,7 @@ class Owned:
     batch_id: str  # -- batches (issue 13) --
     webhook_endpoint_id: str
     eval_id: str  # -- evals (issue 25) --
+    key_id: str  # A's API key (issue 24)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
 
     def url(self, path: str) -> str:
@@ -63,7 +64,7 @@ class Owned:
         values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model,
                   "account": self.account_id, "name": "adapter_config.json", "path": "config.json",
                   "batch_id": self.batch_id, "webhook_endpoint_id": self.webhook_endpoint_id,
-                  "eval_id": self.eval_id}  # fmt: skip
+                  "eval_id": self.eval_id, "key_id": self.key_id}  # fmt: skip
         return PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -84,8 +85,9 @@ def _owned(api) -> Owned:
         data_source_config={"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True},
         testing_criteria=[{"type": "string_check", "name": "c", "input": "{{sample.output_text}}", "reference": "x",
                            "operation": "eq"}])
+    [api_key] = api.client(key).get("/gridline/api_keys", cast_to=object)["data"]
     return Owned(api.base_url.removesuffix("/v1"), state, account_id, key, other_key, uploaded.id, job_id, model, prefix,
-                 batch.id, hook.id, made.id)
+                 batch.id, hook.id, made.id, api_key["id"])
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +135,7 @@ def state_of(owned: Owned) -> tuple:
         b("/v1/files"), b("/v1/fine_tuning/jobs"), [m["id"] for m in b("/v1/models") if m["id"].startswith("ft:")],
         a(f"/v1/batches/{owned.batch_id}")["status"], b("/v1/batches"),
         [(e["id"], e["url"], e["updated_at"]) for e in a("/v1/webhook_endpoints")["data"]], b("/v1/webhook_endpoints"),
+        [k["id"] for k in a("/v1/gridline/api_keys")["data"]], [k["id"] for k in b("/v1/gridline/api_keys")],
     )
 
 
@@ -160,7 +163,11 @@ def test_every_route_needs_a_key_and_hides_other_accounts_objects(owned):
 
     def check(case) -> None:
         method, url, key, status, code, param = case
-        refused(owned.call(method, url, key, **({"json": {}} if method == "POST" else {})), status, code, param)
+        answer = owned.call(method, url, key, **({"json": {}} if method == "POST" else {}))
+        if method == "HEAD":  # the status a GET would answer, without its body
+            assert (answer.status_code, answer.content) == (status, b""), (url, answer.status_code)
+        else:
+            refused(answer, status, code, param)
 
     with ThreadPoolExecutor(8) as pool:
         list(pool.map(check, checks))
@@ -186,13 +193,13 @@ def test_the_schema_and_docs_need_a_key_and_hide_the_admin_api(owned, api):
 def test_public_docs_setting_and_the_admin_api_with_its_key(surface_owned):
     o = surface_owned
     schema = o.call("GET", "/openapi.json", None).json()  # OPENFT_API_DOCS_PUBLIC: no key needed
-    assert len([p for p in schema["paths"] if p.startswith("/v1/gridline/admin/")]) == 4
+    assert len([p for p in schema["paths"] if p.startswith("/v1/gridline/admin/")]) == 6
     for path in ("/docs", "/redoc", "/docs/oauth2-redirect"):
         assert o.call("GET", path, None).status_code == 200
     admin_routes = [(m, p) for m, p, _ in routes(o.state) if p.startswith("/v1/gridline/admin/")]
-    assert len(admin_routes) == 4
+    assert len(admin_routes) == 7
     for method, path in admin_routes:
-        body = {"json": {"usd": 5}} if method == "POST" else {}
+        body = {"json": {"usd": 5, "name": "k"}} if method == "POST" else {}
         for key in (None, WRONG_KEY, o.key):
             refused(o.call(method, o.fill(path), key, **body), 401, "invalid_api_key")
     assert o.call("GET", f"/v1/gridline/admin/accounts/{o.account_id}", ADMIN_KEY).json()["balance_usd"] == 0.0
@@ -211,6 +218,20 @@ def _raw(o: Owned, head: str, chunks: list[bytes] = ()) -> tuple[int, bytes]:
             data += block
     head_bytes, _, body = data.partition(b"\r\n\r\n")
     return int(head_bytes.split(b" ", 2)[1]), body
+
+
+def test_the_docs_check_reads_the_routes_the_app_registers(tmp_path):
+    # tests/test_docs.py reads the routes from the routers' source (importing the app imports Ray):
+    # the same set as the app's own, so that its check of the pages' paths is a check against the app.
+    from openft.settings import Settings
+    from storage.db import Database
+    from storage.objects import open_object_store
+    from tests.test_docs import app_routes
+
+    settings = Settings(data_dir=tmp_path)
+    state = AppState(settings, Database(settings.resolved_database_url(), migrate=False),
+                     open_object_store(settings.resolved_storage_url()))
+    assert app_routes() == {(method, path) for method, path, _ in routes(state)}
 
 
 def test_each_routes_body_is_bounded(owned):

@@ -13,8 +13,8 @@ from safetensors.torch import load as load_safetensors
 
 from catalog.model_source import ModelSource, load_model
 from openft.demo_data import SYSTEM, ticket_splits
+from openft.errors import TrainingError
 from tests.train.conftest import classify, make_job, tokenize
-from train.config import TrainingError
 from train.data import split_holdout
 from train.progress import FileReporter
 from train.sft import RESULT_KEYS, train_sft

@@ -4,17 +4,27 @@ from __future__ import annotations
 
 import pytest
 
-from tests.utils.webhook_receiver import Receiver
+from tests.utils.webhook_receiver import Receiver, Trickler
 
 
-@pytest.fixture
-def receivers():
-    started: list[Receiver] = []
+def _started(kind):
+    """A factory of `kind` receivers, each stopped once the test ends."""
+    started = []
 
-    def make(**kw) -> Receiver:
-        started.append(Receiver(**kw).start())
+    def make(**kw):
+        started.append(kind(**kw).start())
         return started[-1]
 
     yield make
     for receiver in started:
         receiver.stop()
+
+
+@pytest.fixture
+def receivers():
+    yield from _started(Receiver)
+
+
+@pytest.fixture
+def trickler():
+    yield from _started(Trickler)

@@ -22,7 +22,7 @@ from storage import webhooks as repo
 from storage.db import Database
 from storage.models import Job, WebhookAttempt, WebhookDelivery
 from tests.batches.test_lifecycle import World
-from tests.conftest import free_port
+from tests.conftest import LOOPBACK_RECEIVERS, free_port
 from tests.factories import db_create_job, db_training_file
 from tests.jobs.conftest import backend  # noqa: F401 (the fixture)
 from tests.utils.polling import until
@@ -30,7 +30,7 @@ from webhooks import events, outbox
 from webhooks.delivery import backoff, deliver_due
 
 FAST = dict(webhook_backoff_seconds=0.3, webhook_backoff_jitter=0.5, webhook_timeout_seconds=2,
-            webhook_lease_seconds=5, batch_completion_window_seconds=60)
+            webhook_lease_seconds=5, batch_completion_window_seconds=60, **LOOPBACK_RECEIVERS)
 
 
 class Hooks(World):

@@ -2,7 +2,7 @@
 the database and hands them to its trackers, then the job's result once it has ended.
 
 Where it sits: the controller's run thread calls `follow` when it starts a run of a job whose
-spec has integrations (train/controller.py, one line). Training never calls a tracker: a tracker
+spec has integrations (worker/runs.py, one line). Training never calls a tracker: a tracker
 that hangs, raises or cannot reach its server touches only this actor, which records a
 `warn`-level event (`integration_failed`, with the integration's type, the stage and the error's
 class name, never a message or the job's data) and drops that tracker for the rest of the job.
@@ -23,17 +23,15 @@ import threading
 import time
 from dataclasses import dataclass
 
-from sqlalchemy import select
-
+from jobs.integrations import WandbIntegration, from_wire
 from jobs.spec import JobSpec
 from openft.head_node import HEAD_NODE_RESOURCES
 from openft.settings import Settings
 from storage.db import Database, is_transient
-from storage.jobs import ENDED_STATUSES, add_event
+from storage.jobs import ENDED_STATUSES, add_event, new_events
 from storage.models import Job, JobEvent
 from train.integrations.mlflow_tracker import MlflowTracker
 from train.integrations.outcome import JobFacts, Outcome, numbers
-from train.integrations.spec import WandbIntegration, from_wire
 from train.integrations.wandb_tracker import WandbTracker
 
 log = logging.getLogger("openft.integrations")
@@ -58,9 +56,7 @@ class Forwarder:
     def _read(self) -> _Read:
         with self.db.session() as session:
             job = session.get(Job, self.job_id)
-            events = [] if job is None else list(session.scalars(
-                select(JobEvent).where(JobEvent.job_id == self.job_id, JobEvent.seq > self.last_seq,
-                                       JobEvent.type == "metrics").order_by(JobEvent.seq)))
+            events = [] if job is None else list(new_events(session, self.job_id, self.last_seq, "metrics"))
             session.expunge_all()
             return _Read(job, events)
 

@@ -17,9 +17,9 @@ import time
 
 import httpx
 
+from jobs.integrations import MlflowIntegration
 from openft.settings import Settings
 from train.integrations.outcome import JobFacts, Outcome
-from train.integrations.spec import MlflowIntegration
 
 BATCH_METRICS = 1000  # MLflow's log-batch limit
 RUN_STATUS = {"succeeded": "FINISHED", "failed": "FAILED", "cancelled": "KILLED"}

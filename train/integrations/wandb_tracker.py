@@ -10,9 +10,9 @@ name defaults to it, as OpenAI's integration does; its tags add `openft/finetune
 
 from __future__ import annotations
 
+from jobs.integrations import WandbIntegration
 from openft.settings import Settings
 from train.integrations.outcome import JobFacts, Outcome
-from train.integrations.spec import WandbIntegration
 
 
 class WandbTracker:

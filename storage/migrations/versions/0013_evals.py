@@ -1,14 +1,14 @@
 """Evals: an account's eval definitions (item schema, testing criteria).
 
 Revision ID: 0013
-Revises: 0010
+Revises: 0012
 """
 
 import sqlalchemy as sa
 from alembic import op
 
 revision = "0013"
-down_revision = "0010"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from jobs.integrations import parse_integrations
 from jobs.spec import JobSpec
 from openft.settings import Settings
 from storage.db import Database
@@ -15,7 +16,6 @@ from tests.conftest import free_port
 from tests.factories import db_account, db_create_job, db_training_file
 from tests.utils.wandb_log import finished_offline_run
 from train.integrations.forwarder import Forwarder
-from train.integrations.spec import parse_integrations
 
 STEPS = [{"step": 1, "total_steps": 3, "train_loss": 2.5, "learning_rate": 1e-3, "elapsed": 0.5},
          {"step": 2, "total_steps": 3, "train_loss": 2.0, "learning_rate": 5e-4, "elapsed": 1.0},

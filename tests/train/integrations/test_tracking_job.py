@@ -73,7 +73,7 @@ class Server:
 def tracking_api(apis, mlflow_server):
     import ray
 
-    from train.controller import start_controller
+    from worker.controller import start_controller
 
     api = apis("tracking", wandb_mode="offline", mlflow_tracking_uri=mlflow_server.url, tracking_poll_seconds=0.5,
                parity_check=False)
