@@ -16,7 +16,7 @@ level's wall time, p50 and p99 time to first token (the first streamed text), an
 each, the machine's cores shared. The last line printed is one JSON object with every figure and
 `ratio_vs_one_at_a_time` / `ratio_vs_plain` (requests per second at 16 clients).
 
-    .venv/bin/python -m bench.online [--requests 4] [--max-tokens 32]
+    python bench/online.py [--requests 4] [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -24,12 +24,15 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.batch import random_adapter
 from catalog.bases import get_base

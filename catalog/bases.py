@@ -277,6 +277,18 @@ def get_base(model_id: str, param: str = "model") -> BaseModelSpec:
         ) from None
 
 
+def served_bases(online_bases: list[str] | None) -> list[str]:
+    """The bases answered online (the setting `online_bases`; None for every servable base), in
+    catalog order."""
+    return [b.id for b in BASES.values() if b.servable and (online_bases is None or b.id in online_bases)]
+
+
+def not_servable(online_bases: list[str] | None) -> list[str]:
+    """The names in `online_bases` that are not a servable base of the catalog: `openft serve`
+    refuses to start with one (entrypoints/preflight.py), as it would never answer."""
+    return [name for name in online_bases or () if name not in BASES or not BASES[name].servable]
+
+
 def unpriced(rates: Mapping[str, object]) -> list[str]:
     """The bases a price table's `rates` has no rate for: a base without a price would only fail at its
     first create, so `openft serve` refuses to start with one (entrypoints/preflight.py)."""

@@ -20,6 +20,7 @@ def check_configuration(settings: Settings) -> list[str]:
     """Problems that would keep the API from starting; empty when it can start."""
     problems = [
         _prices(settings),
+        _online_bases(settings),
         _within(settings.preflight_timeout_seconds, "OPENFT_DATABASE_URL: the database", lambda: _database(settings)),
         _within(settings.preflight_timeout_seconds, "OPENFT_STORAGE_URL: the object store", lambda: _object_store(settings)),
     ]
@@ -31,6 +32,13 @@ def _prices(settings: Settings) -> str | None:
 
     missing = unpriced(settings.prices.rates)
     return f"OPENFT_PRICES: the price table has no rate for: {', '.join(missing)}" if missing else None
+
+
+def _online_bases(settings: Settings) -> str | None:
+    from catalog.bases import not_servable
+
+    wrong = not_servable(settings.online_bases)
+    return f"OPENFT_ONLINE_BASES: not a servable base of the catalog: {', '.join(wrong)}" if wrong else None
 
 
 def check_cluster(settings: Settings) -> list[str]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 from sqlalchemy import func, select
 
+from catalog.bases import served_bases
 from jobs import distilling, transitions
 from openft.settings import Settings
 from storage import leases
@@ -130,7 +131,7 @@ def online_need(settings: Settings) -> dict[str, float]:
     `online_replica_resources` per served base. Kept out of what runs and batches count on, so that
     replicas scaling up under load never take a run's workers (nor wait behind them)."""
     per_base = {k: float(v) * settings.online_max_replicas for k, v in settings.online_replica_resources.items()}
-    n = len(settings.served_bases())
+    n = len(served_bases(settings.online_bases))
     return {k: v * n for k, v in per_base.items() if v > 0}
 
 

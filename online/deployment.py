@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator
 
 from ray import serve
 
-from catalog.bases import get_base
+from catalog.bases import get_base, served_bases
 from online.protocol import Delta, OnlineRequest, deployment_name
 from openft import metrics
 from openft.settings import Settings
@@ -117,5 +117,5 @@ def online_deployments(settings: Settings) -> dict:
             name=deployment_name(base_id), ray_actor_options=actor_options, autoscaling_config=autoscaling,
             max_ongoing_requests=settings.online_max_ongoing_requests,
         ).bind(settings, base_id)
-        for base_id in settings.served_bases()
+        for base_id in served_bases(settings.online_bases)
     }  # fmt: skip

@@ -410,23 +410,6 @@ class Settings(BaseSettings):
         # Settings travel to Ray workers, whose working directory is not the caller's.
         return value.expanduser().resolve()
 
-    @field_validator("online_bases")
-    @classmethod
-    def _servable_online_bases(cls, value: list[str] | None) -> list[str] | None:
-        from catalog.bases import BASES
-
-        for name in value or ():
-            if name not in BASES or not BASES[name].servable:
-                raise ValueError(f"online_bases names {name!r}, which is not a servable base of the catalog")
-        return value
-
-    def served_bases(self) -> list[str]:
-        """The bases answered online, in catalog order."""
-        from catalog.bases import BASES
-
-        wanted = self.online_bases
-        return [b.id for b in BASES.values() if b.servable and (wanted is None or b.id in wanted)]
-
     def resolved_wandb_dir(self) -> Path:
         return self.wandb_dir or self.data_dir / "wandb"
 

@@ -20,7 +20,7 @@ FLOORS = (
     ("catalog", "graders"),  # the bases; graders (when present) are pure rules on the core
     ("storage",),  # the database, the object store, the leases every kind of background work shares
     ("pipelines",),  # Ray Data stages and the generation engines
-    ("files", "merge", "webhooks"),  # a file's rules, the merge engine and its life, webhook events
+    ("files", "merge", "webhooks", "online"),  # a file's rules, the merge engine and its life, webhook events, online serving
     ("jobs",),  # a job's request, rules, life and success
     ("batches", "train"),  # a batch's life and driver; training runs
     ("worker", "serve_app"),  # the two top floors of the service, side by side: neither imports the other

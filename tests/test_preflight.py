@@ -57,6 +57,12 @@ def test_closed_database_port_and_one_slash_s3_url_are_both_reported(data_dir):
     assert "OPENFT_STORAGE_URL: storage URL must start with file:/// (a local directory) or s3:// (a bucket)" in err
 
 
+def test_online_bases_that_would_never_answer(data_dir):
+    """A base not in the catalog and one that is not servable: named, with the setting."""
+    _refused(data_dir, "OPENFT_ONLINE_BASES: not a servable base of the catalog: qwen9-unknown, gpt-oss-20b",
+             online_bases='["qwen2.5-0.5b-instruct", "qwen9-unknown", "gpt-oss-20b"]')
+
+
 def test_objects_dir_under_a_file(data_dir):
     (data_dir / "plain-file").write_text("x")
     _refused(data_dir, "NotADirectoryError", storage_url=f"file://{data_dir}/plain-file/objects")
