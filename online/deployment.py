@@ -18,7 +18,7 @@ Serving design:
   the job controller keeps what these may take out of training's count (jobs/scheduling.py).
 - vLLM on GPU nodes: the same deployment shape with Ray Serve LLM's LoRA multiplexing
   (`ray.serve.llm`, vLLM with `enable_lora` and `max_loras`) in place of our engine; not built
-  here, see the README.
+  here, see docs/online.md.
 - Metrics (openft/metrics.py): time to first token and tokens per second per request, adapter
   loads and evictions, and the queue depth, tagged by base.
 """

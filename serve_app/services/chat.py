@@ -9,7 +9,7 @@ Checks, in this order, all before anything generates (a refusal starts nothing a
    ft: models or kept checkpoints. Unknown, another account's or deleted: 404 `model_not_found`
    (the database's word at this request: a model deleted a moment ago is gone); not servable, or
    its base not served online here (`online_bases`): 400 `model_not_available`;
-3. the key's generation bucket: 429 `rate_limit_exceeded` with Retry-After;
+3. the account's generation bucket: 429 `rate_limit_exceeded` with Retry-After;
 4. the prompt, rendered by the trainer's template code and counted with the base's tokenizer:
    the prompt and max_tokens past the base's context are 400 `context_length_exceeded`;
 5. with billing on, the credit: the request's most (prompt + max_tokens at the base's online rate,
