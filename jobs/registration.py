@@ -143,7 +143,7 @@ def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter
         code = (parity or {}).get("parity", {}).get("check") if base.servable else None
         add_event(session, job.id, now, f"The adapter is stored and can be downloaded, but the model is not servable, "
                   f"so fine_tuned_model stays null: {reason} {NOT_SERVABLE_ADVICE.get(code, '')}".strip(),
-                  level="warning", data={"servable": False, "code": code})
+                  level="warn", data={"servable": False, "code": code})
     if parity is not None:
         job.fine_tuned_adapter["parity"] = parity["parity"]
     return model

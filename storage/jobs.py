@@ -13,6 +13,8 @@ from storage.models import FineTunedModel, Job, JobEvent
 
 OPEN_STATUSES = ("validating_files", "queued", "running", "paused")
 ENDED_STATUSES = ("succeeded", "failed", "cancelled")
+# OpenAI's event levels (the SDK's FineTuningJobEvent.level): any other would make the events list answer 500.
+EVENT_LEVELS = ("info", "warn", "error")
 
 
 def file_in_running_job(session: Session, file_id: str) -> bool:
@@ -60,6 +62,8 @@ def add_event(
     session: Session, job_id: str, now: int, message: str, *, level: str = "info", type: str = "message",
     data: dict | None = None,
 ) -> JobEvent:
+    if level not in EVENT_LEVELS:
+        raise ValueError(f"event level {level!r} is not one of {EVENT_LEVELS}")
     event = JobEvent(id=event_id(), job_id=job_id, created_at=now, level=level, message=message, type=type, data=data)
     session.add(event)
     session.flush()

@@ -48,7 +48,7 @@ def test_a_model_that_does_not_end_its_turns_is_said_with_what_to_do(env):
     model, adapter, events = _register(*env, {"servable": False, "reason": reason, "parity": {"check": code}})
     assert model is None and adapter["servable"] is False and adapter["model"].startswith("ft:")
     level, message, data = events[-1]
-    assert (level, data) == ("warning", {"servable": False, "code": "parity_end_of_turn"})
+    assert (level, data) == ("warn", {"servable": False, "code": "parity_end_of_turn"})
     assert reason in message and NOT_SERVABLE_ADVICE["parity_end_of_turn"] in message
     assert "more epochs" in message and "learning_rate_multiplier" in message
     assert "rows whose assistant turns end" not in message  # the old advice blamed the data
@@ -56,7 +56,7 @@ def test_a_model_that_does_not_end_its_turns_is_said_with_what_to_do(env):
 
 def test_a_servable_model_gets_no_warning(env):
     model, adapter, events = _register(*env, {"servable": True, "reason": None, "parity": {"check": None}})
-    assert model == adapter["model"] and not [e for e in events if e[0] == "warning"]
+    assert model == adapter["model"] and not [e for e in events if e[0] == "warn"]
 
 
 def test_a_check_that_could_not_run_says_run_again(env):
