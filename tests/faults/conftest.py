@@ -12,6 +12,12 @@ from pathlib import Path
 
 import pytest
 
+# Every process this run starts inherits this variable (Ray's raylet and its workers included: they
+# are spawned with their parent's environment), and no other suite's does: .ci/run runs the fault
+# suite beside another, and a fault must only ever find and kill this run's processes.
+RUN_MARK = "OFT_FAULTS_RUN"
+os.environ[RUN_MARK] = f"{os.getpid()}-{uuid.uuid4().hex}"
+
 @pytest.fixture
 def service(apis):
     """A deployment of its own plus its controller actor: service(name, controller=None, **settings)
@@ -99,16 +105,18 @@ def _creators(held: dict) -> dict:
 
 
 def processes_matching(text: str) -> list[int]:
-    """Pids whose command line contains `text` (Ray names its workers' processes `ray::<Class>...`)."""
+    """Pids of this run's processes (RUN_MARK) whose command line contains `text` (Ray names its
+    workers' processes `ray::<Class>...`)."""
+    mark = f"{RUN_MARK}={os.environ[RUN_MARK]}".encode()
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             try:
                 cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if text in cmdline and mark in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
             except OSError:
                 continue
-            if text in cmdline:
-                pids.append(int(entry.name))
     return pids
 
 

@@ -37,7 +37,7 @@ from openft.settings import Settings
 from storage.db import Database
 from storage.models import Account, Batch, File, FineTunedModel, Job, Merge, WebhookAttempt, WebhookDelivery
 from storage.objects import open_object_store
-from tests.conftest import free_port
+from tests.conftest import LOOPBACK_RECEIVERS, free_port
 from tests.factories import batch_request_line, db_ft_model, distill_files, jsonl, random_adapter
 from tests.faults.test_faults import _env, _kill_service, _openft, _serve
 from tests.utils.polling import until
@@ -127,7 +127,9 @@ def ft_model(settings: Settings, db: Database, account_id: str) -> str:
 def test_sigkill_mid_batch_merge_distill_and_delivery_then_a_restart_ends_each_once(fresh_pg_url, record_property):
     data_dir = Path(tempfile.mkdtemp(prefix="oftbg-"))
     env = {**_env(data_dir, fresh_pg_url), "OPENFT_WEBHOOK_TIMEOUT_SECONDS": "30", "OPENFT_WEBHOOK_LEASE_SECONDS": "40",
-           "OPENFT_WEBHOOK_BACKOFF_SECONDS": "1"}
+           "OPENFT_WEBHOOK_BACKOFF_SECONDS": "1",
+           # Its receivers listen on 127.0.0.1, which webhook targets may reach only when allowed (issue 24).
+           "OPENFT_WEBHOOK_ALLOWED_NETWORKS": orjson.dumps(LOOPBACK_RECEIVERS["webhook_allowed_networks"]).decode()}
     settings = Settings(data_dir=data_dir, database_url=fresh_pg_url, model_source="standin")
     alice = _openft(env, "accounts", "create", "alice", "--open-jobs", "3").strip().splitlines()[-1]
     _openft(env, "accounts", "credit", "alice", "50.00")

@@ -39,7 +39,7 @@ from storage.db import Database
 from storage.models import FineTunedModel, Job, LedgerEntry
 from storage.objects import open_object_store
 from tests.conftest import Api, free_port
-from tests.faults.conftest import kill, processes_matching, train_worker_pid
+from tests.faults.conftest import assert_cluster_at_rest, kill, processes_matching, train_worker_pid
 from tests.serve_app.test_training_api import events, wait
 from tests.serve_app.test_training_control import event_matching, first_metrics, in_db, model_rows, new_client, \
     start_job
@@ -227,6 +227,9 @@ def test_a_time_limit_shorter_than_the_runs_start_stops_it(service):
     done = wait(client, job.id, timeout=240)
     assert (done.status, done.error.code, done.fine_tuned_model) == ("failed", "time_limit_exceeded", None)
     assert model_rows(api, job.id) == []
+    # The stopped run's Train workers' placement group is freed by the controller's sweep while it
+    # runs (the fixture's own check comes after the controller has stopped, when nothing sweeps).
+    assert_cluster_at_rest()
 
 
 # -- the database and the object store go away ----------------------------------------------------
