@@ -47,10 +47,7 @@ def main(folder: Path) -> None:
     print("== CI budget: each target's wall time (installs included) ==")
     for name, status, seconds in rows:
         print(f"{name:<14} {fmt(seconds):>6}  {'ok' if status == 0 else f'FAILED (exit {status})'}")
-    print(f"{'sum':<14} {fmt(sum(s for _, _, s in rows)):>6}  (targets side by side overlap)")
-    wall = dict(line.split() for line in (folder / "wall").read_text().splitlines()) if (folder / "wall").exists() else {}
-    if "started" in wall and "ended" in wall:
-        print(f"{'wall':<14} {fmt(int(wall['ended']) - int(wall['started'])):>6}  (.ci/run from start to end)")
+    print(f"{'total':<14} {fmt(sum(s for _, _, s in rows)):>6}")
     print(f"== the {SLOWEST} slowest tests (setup + call + teardown) ==")
     for seconds, target, name in tests(folder)[:SLOWEST]:
         print(f"{seconds:8.1f} s  {target:<14} {name}")
