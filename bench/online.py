@@ -126,8 +126,10 @@ def _plain(base, cache_root: Path, adapters: dict[str, dict[str, bytes]], max_to
         directory.mkdir(exist_ok=True)
         for filename, data in files.items():
             (directory / filename).write_bytes(data)
-        model = (PeftModel.from_pretrained(model, directory, adapter_name=f"a{i}") if i == 0
-                 else (model.load_adapter(directory, adapter_name=f"a{i}") or model))  # fmt: skip
+        if i == 0:
+            model = PeftModel.from_pretrained(model, directory, adapter_name=f"a{i}")
+        else:  # load_adapter answers the keys it did not match, not the model
+            model.load_adapter(directory, adapter_name=f"a{i}")
     model.eval()
     eot, lock = list(end_of_turn_ids(tokenizer, base)), threading.Lock()
     names = [f"a{i}" for i in range(len(adapters))]
