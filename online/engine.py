@@ -237,10 +237,13 @@ class OnlineEngine:
             gone = [n for n in self._idle if self._refs.get(n) == 0]
             for name in gone:
                 del self._refs[name]
+            # Counted with the resident set's change, under the lock, so that stats() never shows an
+            # adapter gone but not yet unloaded; the weights come off next, on this (the engine's) thread,
+            # before any later load of the same name can run.
+            self.unloads += len(gone)
             self._idle.clear()
         for name in gone:
             self.engine.remove_adapter(name)
-            self.unloads += 1
 
     def _cancel(self, keys: set[int]) -> None:
         self._loop.drop(keys)
