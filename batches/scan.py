@@ -55,6 +55,14 @@ class ScanResult:
                     tokens_upper_bound=self.tokens_upper_bound)
 
 
+def tokens_upper_bound(base_id: str, prompt_bytes: int, messages: int, max_tokens: int | None) -> int:
+    """One request's most tokens (the quote's rule, batches/billing.py): its prompt's UTF-8 bytes (a
+    token is at least one byte) plus the template's overhead, plus its max tokens, at most the context."""
+    base = BASES[base_id]
+    prompt = prompt_bytes + messages * base.message_overhead_tokens + base.row_overhead_tokens
+    return min(base.max_seq_length, prompt + (max_tokens or base.max_seq_length))
+
+
 def _refused_for(resolved: ResolvedModel | None) -> dict | None:
     if resolved is None:
         return {"status_code": 404, "code": "model_not_found",
@@ -147,11 +155,7 @@ def scan(lines: Iterable[bytes], resolve: Callable[[str], ResolvedModel | None],
             "No line of input_file_id names a model that can run in a batch (each line's error would be "
             "model_not_found or model_not_available); name a base or one of your ft: models.",
             code="model_not_found", param=PARAM)
-    base = BASES[base_id]
-    bound = 0
-    for prompt_bytes, messages, max_tokens in per_line:
-        prompt = prompt_bytes + messages * base.message_overhead_tokens + base.row_overhead_tokens
-        bound += min(base.max_seq_length, prompt + (max_tokens or base.max_seq_length))
+    bound = sum(tokens_upper_bound(base_id, *line) for line in per_line)
     models = [{"name": base_id, "kind": "base", "adapter_prefix": None}] if named_base else []
     models += [{"name": n, "kind": resolved[n].kind, "adapter_prefix": resolved[n].adapter_prefix} for n in fine_tunes]
     return ScanResult(base_id=base_id, models=models, refused=refused, lines=count, tokens_upper_bound=bound)

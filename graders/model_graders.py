@@ -1,7 +1,6 @@
 """score_model and label_model: the prompt each item gives the grading model, and how its answer
 is read. The model call itself is injected (`ModelCall`): graders/ runs no model; the service
-answers the requests with a model it runs (serve_app/services/grader_models.py: the batch engine
-in a Ray task), tests with what they choose.
+answers the requests with a model it runs (evals/runtime.py: the batch engine in a Ray task), tests with what they choose.
 
 Reading an answer, as OpenAI's structured output gives it (`{"result": ...}`), or plain:
 - score_model: a JSON object with a numeric `result`, or an answer that is one number; it must lie

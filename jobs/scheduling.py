@@ -111,14 +111,15 @@ def batch_need(settings: Settings) -> dict[str, float]:
 def held(session, settings: Settings, *, runs: bool = True, batches: bool = True) -> dict[str, float]:
     """What the leased runs and batches hold on the cluster, by resource (from the database)."""
     from storage.batches import count_leased
+    from storage.evals import count_leased_runs
 
     out: dict[str, float] = {}
     counts = []
     if runs:
         counts.append((run_need(settings), session.scalar(select(func.count()).select_from(Job).where(
             transitions.RUN.held()))))
-    if batches:
-        counts.append((batch_need(settings), count_leased(session)))
+    if batches:  # an eval run samples and grades on a batch's engine: it holds what a batch holds
+        counts.append((batch_need(settings), count_leased(session) + count_leased_runs(session)))
     counts.append((online_need(settings), 1))  # online serving's most, whether it is scaled up or not
     for need, n in counts:
         for k, v in need.items():

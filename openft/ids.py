@@ -41,3 +41,11 @@ def batch_request_id() -> str:
 # -- evals (issue 25) --
 def eval_id() -> str:
     return new_id("eval_", 32)
+
+
+def eval_run_id() -> str:
+    return new_id("evalrun_", 32)
+
+
+def eval_output_item_id() -> str:
+    return new_id("outputitem_", 28)

@@ -108,3 +108,28 @@ def batch_output(account_id: str, batch_id: str) -> str:
 
 def batch_errors(account_id: str, batch_id: str) -> str:
     return f"files/{account_id}/batch-{batch_id}-errors.jsonl"
+
+
+# -- eval runs (issue 25) --
+def eval_run(account_id: str, run_id: str) -> str:
+    """A run's objects, under its account: the items it grades and its generation's batch files."""
+    return f"evals/{account_id}/{run_id}/"
+
+
+def eval_run_items(account_id: str, run_id: str) -> str:
+    """The run's items as JSONL ({"item", "sample"?} per line), copied at create from the file or the request."""
+    return f"{eval_run(account_id, run_id)}items.jsonl"
+
+
+def eval_run_generated(account_id: str, run_id: str) -> str:
+    """What a completions run's generation writes (deleted once its samples are recorded)."""
+    return f"{eval_run(account_id, run_id)}generation/"
+
+
+def eval_run_generation(account_id: str, run_id: str, name: str) -> str:
+    """A generation's batch files (`requests`, `output`, `errors`: pipelines/batch_ray.py's input and output)."""
+    return f"{eval_run_generated(account_id, run_id)}{name}.jsonl"
+
+
+def eval_run_shards(account_id: str, run_id: str) -> str:
+    return f"{eval_run_generated(account_id, run_id)}shards/"

@@ -458,3 +458,63 @@ class Eval(Base):
     created_ns: Mapped[int] = mapped_column(BigInteger)
     updated_at: Mapped[int] = mapped_column(BigInteger)
     updated_ns: Mapped[int] = mapped_column(BigInteger)
+
+
+class EvalRun(Base):
+    """One run of an eval (OpenAI's Evals API runs): its data source, the criteria copied from the
+    eval when it was created (an update or a delete of the eval never changes a run), and what the
+    run found. Its status changes only in evals/transitions.py; its lease is storage/leases.py's
+    (kind `EVAL_RUN`). The items it grades are an object under storage/keys.py `eval_run`."""
+
+    __tablename__ = "eval_runs"
+    __table_args__ = (
+        Index("ix_eval_runs_eval_created", "eval_id", "created_ns", "id"),
+        Index("ix_eval_runs_status", "status"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    eval_id: Mapped[str] = mapped_column(String(40), index=True)
+    name: Mapped[str] = mapped_column(String(256))
+    # queued | in_progress | completed | failed | canceled (OpenAI's run statuses)
+    status: Mapped[str] = mapped_column(String(16))
+    model: Mapped[str] = mapped_column(String(128))  # the model sampled; "" for a jsonl run
+    data_source: Mapped[dict[str, Any]] = mapped_column(JSON)  # as the caller sent it
+    criteria: Mapped[list[Any]] = mapped_column(JSON)  # the eval's testing_criteria when the run was created
+    # evals/plan.py `RunPlan.record()`: items, base, model kind, adapter prefix, token bound, templates.
+    plan: Mapped[dict[str, Any]] = mapped_column(JSON)
+    run_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON, nullable=True)
+    result_counts: Mapped[dict[str, Any]] = mapped_column(JSON)
+    per_criteria: Mapped[list[Any]] = mapped_column(JSON)
+    per_model_usage: Mapped[list[Any]] = mapped_column(JSON)
+    error: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # {code, message}
+    quote: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # billing: batches/billing.py
+    charge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    lease_owner: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    lease_expires_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)
+    started_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    ended_at: Mapped[int | None] = mapped_column(BigInteger, nullable=True)
+    expires_at: Mapped[int] = mapped_column(BigInteger)  # with its account's files (retention)
+    updated_at: Mapped[int] = mapped_column(BigInteger)
+
+
+class EvalOutputItem(Base):
+    """One graded item of a run: the item, its sample and every criterion's grade with its reason."""
+
+    __tablename__ = "eval_output_items"
+    __table_args__ = (Index("ix_eval_output_items_run_created", "run_id", "created_ns", "id"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    account_id: Mapped[str] = mapped_column(ForeignKey("accounts.id"))
+    run_id: Mapped[str] = mapped_column(String(40))
+    eval_id: Mapped[str] = mapped_column(String(40))
+    item_index: Mapped[int] = mapped_column(Integer)
+    item: Mapped[dict[str, Any]] = mapped_column(JSON)
+    sample: Mapped[dict[str, Any]] = mapped_column(JSON)
+    results: Mapped[list[Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(8))  # pass | fail | error (the sample could not be made)
+    created_at: Mapped[int] = mapped_column(BigInteger)
+    created_ns: Mapped[int] = mapped_column(BigInteger)

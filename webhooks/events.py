@@ -13,9 +13,11 @@ JOB_EVENTS = {"succeeded": "fine_tuning.job.succeeded", "failed": "fine_tuning.j
               "cancelled": "fine_tuning.job.cancelled"}
 BATCH_EVENTS = {"completed": "batch.completed", "failed": "batch.failed", "cancelled": "batch.cancelled",
                 "expired": "batch.expired"}
-EVENT_TYPES = (*BATCH_EVENTS.values(), *JOB_EVENTS.values())
+EVAL_RUN_EVENTS = {"completed": "eval.run.succeeded", "failed": "eval.run.failed", "canceled": "eval.run.canceled"}
+EVENT_TYPES = (*BATCH_EVENTS.values(), *JOB_EVENTS.values(), *EVAL_RUN_EVENTS.values())
 # What `test` sends as the sample's `data.id`: an id of the right kind that names no object.
-SAMPLE_IDS = {**{t: "ftjob-" + "0" * 32 for t in JOB_EVENTS.values()}, **{t: "batch_" + "0" * 24 for t in BATCH_EVENTS.values()}}
+SAMPLE_IDS = {**{t: "ftjob-" + "0" * 32 for t in JOB_EVENTS.values()}, **{t: "batch_" + "0" * 24 for t in BATCH_EVENTS.values()},
+              **{t: "evalrun_" + "0" * 32 for t in EVAL_RUN_EVENTS.values()}}
 
 
 def event_id() -> str:

@@ -27,11 +27,11 @@ class BatchWork:
         return lost
 
     def claim(self, now: int) -> list[Task]:
-        claims = batch_scheduling.claim_batches(self.ctl.db, now, settings=self.ctl.settings, fit=self._fit,
+        claims = batch_scheduling.claim_batches(self.ctl.db, now, settings=self.ctl.settings, fit=self.fit,
                                                 new_owner=lambda: leases.new_owner(self.ctl.id, self.kind))
         return [Task(claim.batch_id, claim.owner, partial(batch_run.drive, self.ctl.ctx, claim)) for claim in claims]
 
-    def _fit(self, session) -> float:
+    def fit(self, session) -> float:
         """More batches the cluster holds beside the leased runs and batches (jobs/scheduling.py's rule)."""
         import ray
 

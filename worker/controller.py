@@ -2,14 +2,14 @@
 
 Where it sits: the top floor beside the API. `openft serve` starts it (`start_controller`); it calls
 down into each kind's package (jobs/, batches/, merge/, webhooks/) through one module per kind of
-supervision (worker/runs.py, distills.py, batches.py, merges.py) and never into serve_app/. It holds
+supervision (worker/runs.py, distills.py, batches.py, evals.py, merges.py) and never into serve_app/. It holds
 no state a restart would lose: what it drives is what holds a lease in its name (storage/leases.py),
 and a lease it stops renewing expires and is reconciled by whichever worker runs next.
 
 A tick: first every kind reconciles its lost work (an expired lease, a thread of this worker that
 died, a row in a status that needs a lease and has none), then every kind claims what may start
-now, in the order of `Controller.work` (distills, runs, batches, merges: a queued job's run goes
-before a batch), and each claim is driven on a thread of its own under the lease's heartbeat.
+now, in the order of `Controller.work` (distills, runs, batches, eval runs, merges: a queued job's
+run goes before a batch), and each claim is driven on a thread of its own under the lease's heartbeat.
 Webhook deliveries run on a thread of their own (webhooks/delivery.py), claimed under the same
 leases.
 
@@ -41,6 +41,7 @@ from storage.db import Database
 from webhooks.delivery import start_deliverer
 from worker.batches import BatchWork
 from worker.distills import DistillWork
+from worker.evals import EvalRunWork
 from worker.merges import MergeWork
 from worker.runs import RunWork
 from worker.work import Work
@@ -63,7 +64,10 @@ class Controller:
         self.db, self.store, self.stopping = self.ctx.db, self.ctx.store, self.ctx.stopping
         self.id = f"ctl-{uuid.uuid4().hex[:12]}"
         self.runs_work = RunWork(self, runs)
-        self.work: list[Work] = [DistillWork(self), self.runs_work, BatchWork(self), MergeWork(self)]
+        batches = BatchWork(self)
+        # Eval runs sample on the batch engine: after the batches, under their capacity rule (`BatchWork.fit`).
+        self.work: list[Work] = [DistillWork(self), self.runs_work, batches, EvalRunWork(self, batches.fit),
+                                 MergeWork(self)]
         self.driving: dict[str, _Driving] = {}  # lease token -> what drives it
         self.reconcile()
         if loop:

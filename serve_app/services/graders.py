@@ -1,17 +1,16 @@
 """The grader endpoints (`/v1/fine_tuning/alpha/graders/validate` and `/run`), as the SDK calls
 them: validate a grader, or grade one model sample of one item with it. The rules are graders/';
-this module supplies the caller's models (serve_app/services/grader_models.py), the sandbox's
-limits from settings, and OpenAI's response shape."""
+this module supplies the caller's runtime (evals/runtime.py: their models on the batch engine, the
+sandbox's limits from settings, as an eval run's grades get them) and OpenAI's response shape."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from graders import Grade, Grader, Rules, Runtime, Scope, grade, sample_namespace, validate
+from evals import runtime as grading
 from graders.models import MultiGrader
-from graders.sandbox import SandboxLimits
 from openft.errors import InvalidRequest, unknown_parameter
-from openft.settings import Settings
 from serve_app.schemas.graders import (
     GraderRunErrors,
     GraderRunGridline,
@@ -19,23 +18,16 @@ from serve_app.schemas.graders import (
     GraderRunResponse,
     GraderValidateResponse,
 )
-from serve_app.services.grader_models import model_call, model_checker
 from serve_app.state import AppState
 from storage.models import Account
 
 
-def sandbox_limits(settings: Settings) -> SandboxLimits:
-    return SandboxLimits(wall_seconds=settings.grader_python_wall_seconds, cpu_seconds=settings.grader_python_cpu_seconds,
-                         memory_bytes=settings.grader_python_memory_bytes, disk_bytes=settings.grader_python_disk_bytes,
-                         max_processes=settings.grader_python_max_processes)
-
-
 def runtime(state: AppState, account: Account) -> Runtime:
-    return Runtime(model_call=model_call(state, account), sandbox=sandbox_limits(state.settings))
+    return grading.runtime(state.db, tuple(state.store.spec()), state.settings, account.id)
 
 
 def rules(state: AppState, account: Account, scope: Scope, **extra) -> Rules:
-    return Rules(scope=scope, check_model=model_checker(state, account), **extra)
+    return Rules(scope=scope, check_model=grading.model_checker(state.db, account.id), **extra)
 
 
 def _only(body: dict, keys: tuple[str, ...]) -> None:

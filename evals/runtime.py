@@ -1,28 +1,40 @@
-"""The model graders' models, for the service: who may use which model (`model_checker`) and the
-`ModelCall` that answers graders/ requests with the batch engine (pipelines/model_grading.py, one
-Ray task per base, adapters loaded by name). A base, or the caller's own servable ft: model or
-checkpoint, resolved by jobs/model_names.py like a batch line's model."""
+"""The graders' runtime the service supplies (graders/ runs no model and reads no settings): the
+caller's models for score_model / label_model criteria, resolved as a batch line's model is
+(jobs/model_names.py), answered by the batch engine in one Ray task per base
+(pipelines/model_grading.py), and the python sandbox's limits from settings.
+
+Where it sits: the grader endpoints (serve_app/services/graders.py) and an eval run's driver
+(evals/run.py) both build their `Runtime` here, so a grade is the same whichever asks for it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from graders import ModelAnswer, ModelRequest
+from graders import ModelAnswer, ModelRequest, Runtime
+from graders.sandbox import SandboxLimits
 from jobs.model_names import ResolvedModel, resolve_model
 from openft.errors import InvalidRequest
+from openft.settings import Settings
 from pipelines.model_grading import GradingEngineSpec, GradingTimeout, PromptRequest, answer_on_ray
-from serve_app.state import AppState
-from storage.models import Account
+from storage.db import Database
 
 
-def _resolve(state: AppState, account: Account, name: str) -> ResolvedModel | None:
-    with state.db.session() as session:
-        return resolve_model(session, account.id, name)
+def sandbox_limits(settings: Settings) -> SandboxLimits:
+    return SandboxLimits(wall_seconds=settings.grader_python_wall_seconds, cpu_seconds=settings.grader_python_cpu_seconds,
+                         memory_bytes=settings.grader_python_memory_bytes, disk_bytes=settings.grader_python_disk_bytes,
+                         max_processes=settings.grader_python_max_processes)
 
 
-def model_checker(state: AppState, account: Account) -> Callable[[str, str], None]:
+def _resolve(db: Database, account_id: str, name: str) -> ResolvedModel | None:
+    with db.session() as session:
+        return resolve_model(session, account_id, name)
+
+
+def model_checker(db: Database, account_id: str) -> Callable[[str, str], None]:
+    """The refusal of a grader model the caller cannot use (unknown, another account's, not servable)."""
+
     def check(name: str, param: str) -> None:
-        resolved = _resolve(state, account, name)
+        resolved = _resolve(db, account_id, name)
         if resolved is None:
             raise InvalidRequest(f"{param} does not name a model you can use: a base, or one of your ft: models or "
                                  "checkpoints.", code="model_not_found", param=param)
@@ -33,14 +45,13 @@ def model_checker(state: AppState, account: Account) -> Callable[[str, str], Non
     return check
 
 
-def model_call(state: AppState, account: Account) -> Callable[[Sequence[ModelRequest]], list[ModelAnswer]]:
-    settings = state.settings
-
+def model_call(db: Database, store_spec: tuple, settings: Settings,
+               account_id: str) -> Callable[[Sequence[ModelRequest]], list[ModelAnswer]]:
     def call(requests: Sequence[ModelRequest]) -> list[ModelAnswer]:
         answers: list[ModelAnswer | None] = [None] * len(requests)
         by_base: dict[str, list[tuple[int, ResolvedModel]]] = {}
         for i, request in enumerate(requests):
-            resolved = _resolve(state, account, request.model)  # deleted since validation: answered, not raised
+            resolved = _resolve(db, account_id, request.model)  # deleted since validation: answered, not raised
             if resolved is None or not resolved.servable:
                 answers[i] = ModelAnswer(None, error="The grading model is no longer available.")
                 continue
@@ -50,7 +61,7 @@ def model_call(state: AppState, account: Account) -> Callable[[Sequence[ModelReq
             alias = {name: f"g{k}" for k, name in enumerate(names)}
             prefixes = {m.name: m.adapter_prefix for _, m in members if m.adapter_prefix}
             spec = GradingEngineSpec(base_id, settings.batch_engine, settings.model_source, str(settings.model_cache_dir),
-                                     tuple(state.store.spec()), tuple((alias[n], prefixes[n]) for n in names),
+                                     tuple(store_spec), tuple((alias[n], prefixes[n]) for n in names),
                                      settings.batch_max_rows_in_flight)
             prompts = [PromptRequest(alias.get(m.name) if m.adapter_prefix else None, requests[i].messages,
                                      requests[i].max_tokens, requests[i].temperature, requests[i].top_p,
@@ -67,3 +78,7 @@ def model_call(state: AppState, account: Account) -> Callable[[Sequence[ModelReq
         return answers  # type: ignore[return-value]
 
     return call
+
+
+def runtime(db: Database, store_spec: tuple, settings: Settings, account_id: str) -> Runtime:
+    return Runtime(model_call=model_call(db, store_spec, settings, account_id), sandbox=sandbox_limits(settings))
