@@ -18,14 +18,14 @@ at the batch rate) is held at begin and settled at the end, as a batch's.
 
 from __future__ import annotations
 
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from batches import billing
 from storage import leases
 from storage.evals import RUN_ENDED
 from storage.leases import Kind, Moved
-from storage.models import EvalOutputItem, EvalRun
 from storage.billing import credit, to_usd
+from storage.models import EvalOutputItem, EvalRun
 from webhooks import events, outbox
 
 EVAL_RUN = Kind("eval_run", EvalRun, "e", max_attempts=2, exhausted_code="eval_run_interrupted",
@@ -48,7 +48,7 @@ def cancel(session: Session, run: EvalRun, now: int) -> Moved:
     left as it is. A driver holding it stops within a second and records what it finished."""
     if run.status in RUN_ENDED:
         return Moved(False, run.status, f"it is {run.status}")
-    _end(run, "canceled", now, keep_lease=True)
+    _end(session, run, "canceled", now, keep_lease=True)
     if run.lease_owner is None:
         billing.settle(session, run, now, tokens=0)
     return Moved(True, "canceled")
@@ -81,7 +81,7 @@ def begin(session: Session, run_id: str, owner: str, now: int, *, billing_enable
         run.quote = quote
         if not billing.hold(session, run, now):
             available = credit(session, run.account_id).available_cents
-            _end(run, "failed", now, error={"code": "insufficient_quota", "message": (
+            _end(session, run, "failed", now, error={"code": "insufficient_quota", "message": (
                 f"Not enough credit to start the run: it can cost up to {to_usd(quote['max_charge_cents']):.2f} USD "
                 f"and {to_usd(max(available, 0)):.2f} USD is available. Nothing ran. Add credit and create the run "
                 "again.")})
@@ -109,7 +109,7 @@ def finish(session: Session, run_id: str, owner: str, now: int, *, counts: dict,
         return leases.NOT_OWNED
     run.result_counts, run.per_criteria, run.per_model_usage = counts, per_criteria, usage
     if run.status == "in_progress":
-        _end(run, "completed", now)
+        _end(session, run, "completed", now)
     else:
         leases.release(run)
         run.updated_at = now
@@ -126,19 +126,20 @@ def fail(session: Session, run_id: str, owner: str, now: int, code: str, message
         leases.release(run)
         billing.settle(session, run, now, tokens=0)
         return Moved(False, run.status, f"it is {run.status}")
-    _end(run, "failed", now, error={"code": code, "message": message})
+    _end(session, run, "failed", now, error={"code": code, "message": message})
     billing.settle(session, run, now, tokens=0)
     return Moved(True, "failed")
 
 
-def _end(run: EvalRun, status: str, now: int, *, error: dict | None = None, keep_lease: bool = False) -> None:
+def _end(session: Session, run: EvalRun, status: str, now: int, *, error: dict | None = None,
+         keep_lease: bool = False) -> None:
     run.status, run.ended_at, run.updated_at = status, now, now
     if error is not None:
         run.error = error
     if not keep_lease:
         leases.release(run)
     # Every end passes here, in its caller's transaction: its webhooks commit with it.
-    outbox.enqueue(object_session(run), run.account_id, events.EVAL_RUN_EVENTS[status], run.id, now)
+    outbox.enqueue(session, run.account_id, events.EVAL_RUN_EVENTS[status], run.id, now)
 
 
 def lose(session: Session, run: EvalRun, now: int) -> Moved:
@@ -148,7 +149,7 @@ def lose(session: Session, run: EvalRun, now: int) -> Moved:
     leases.release(run)
     run.updated_at = now
     if run.status == "in_progress" and leases.exhausted(EVAL_RUN, run):
-        _end(run, "failed", now, error={"code": EVAL_RUN.exhausted_code, "message": (
+        _end(session, run, "failed", now, error={"code": EVAL_RUN.exhausted_code, "message": (
             "The worker running the eval run was lost twice; the run is not tried again. Nothing was charged: "
             "create the run again.")})
     elif run.status == "in_progress":

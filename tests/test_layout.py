@@ -23,6 +23,7 @@ FLOORS = (
     ("files", "merge", "webhooks", "online"),  # a file's rules, the merge engine and its life, webhook events, online serving
     ("jobs",),  # a job's request, rules, life and success
     ("batches", "train"),  # a batch's life and driver; training runs
+    ("evals",),  # an eval run's life and driver: it samples as a batch does and grades with graders/
     ("worker", "serve_app"),  # the two top floors of the service, side by side: neither imports the other
     ("entrypoints", "datakit"),  # the CLI and service start-up; the notebook API
 )
@@ -136,11 +137,12 @@ def test_sqlalchemy_is_imported_only_where_queries_belong():
 ONE_HOME = {
     "Moved": "storage/leases.py", "lock_account": "storage/leases.py", "lock_scheduler": "storage/leases.py",
     "Heartbeat": "storage/leases.py", "exhausted": "storage/leases.py", "LeaseLost": "storage/leases.py",
-    "owned": "storage/leases.py",  # a kind's `owned` wraps it: jobs, batches
+    "owned": "storage/leases.py",  # a kind's `owned` wraps it: jobs, batches, eval runs
     "FILE_BYTES": "openft/limits.py", "ADAPTER_BYTES": "openft/limits.py", "MAX_EXPORTS": "merge/quota.py",
     "models_quota": "jobs/limits.py", "TrainingError": "openft/errors.py",
 }
-WRAPPERS = {("owned", "jobs/transitions.py"), ("owned", "batches/transitions.py"), ("owned", "jobs/distilling.py")}
+WRAPPERS = {("owned", "jobs/transitions.py"), ("owned", "batches/transitions.py"), ("owned", "jobs/distilling.py"),
+            ("owned", "evals/transitions.py")}
 
 
 def definitions(tree: ast.AST) -> list[str]:
