@@ -75,7 +75,8 @@ def begin(session: Session, run_id: str, owner: str, now: int, *, billing_enable
     run = owned(session, run_id, owner)
     if run is None:
         return leases.NOT_OWNED
-    if run.status != "queued":
+    if run.status != "queued":  # canceled after the claim: let it go (nothing was held)
+        leases.release(run)
         return Moved(False, run.status, f"it is {run.status}")
     if billing_enabled and quote is not None:
         run.quote = quote
