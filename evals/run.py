@@ -125,14 +125,14 @@ def run(ctx: batch_run.Context, claim: Claim) -> None:
         if not beat.holding():
             raise LeaseLost()
         canceled = beat.seen == "canceled"
-        runtime = _runtime(ctx, row, canceled)
-        items = _graded(row, todo, made, runtime)
+        runtime = runtime_for(ctx, row, canceled)
+        items = graded(row, todo, made, runtime)
         if not beat.holding():
             raise LeaseLost()
-    _record_and_finish(ctx, claim, row, plan, items)
+    record_and_finish(ctx, claim, row, plan, items)
 
 
-def _runtime(ctx: batch_run.Context, row: EvalRun, canceled: bool) -> Runtime:
+def runtime_for(ctx: batch_run.Context, row: EvalRun, canceled: bool) -> Runtime:
     full = grading_runtime(ctx.db, tuple(ctx.store.spec()), ctx.settings, row.account_id)
     if not canceled:
         return full
@@ -140,7 +140,7 @@ def _runtime(ctx: batch_run.Context, row: EvalRun, canceled: bool) -> Runtime:
                    sandbox=full.sandbox)
 
 
-def _graded(row: EvalRun, todo: dict[int, dict], made: dict[int, samples.Sample], runtime: Runtime) -> list:
+def graded(row: EvalRun, todo: dict[int, dict], made: dict[int, samples.Sample], runtime: Runtime) -> list:
     """The output items of every item that has a sample or its error, graded by every criterion."""
     now, order = int(time.time()), sorted(made)
     graders = [validate(c, f"testing_criteria[{k}]") for k, c in enumerate(row.criteria)]
@@ -158,7 +158,7 @@ def _graded(row: EvalRun, todo: dict[int, dict], made: dict[int, samples.Sample]
     return out
 
 
-def _record_and_finish(ctx: batch_run.Context, claim: Claim, row: EvalRun, plan: RunPlan, items: list) -> None:
+def record_and_finish(ctx: batch_run.Context, claim: Claim, row: EvalRun, plan: RunPlan, items: list) -> None:
     names = [c["name"] for c in row.criteria]
 
     def end():

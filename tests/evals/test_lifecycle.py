@@ -132,6 +132,26 @@ def test_cancel_ends_the_run_at_once_and_a_driver_that_claimed_it_lets_go(world)
     assert (row.status, row.lease_owner, row.result_counts["total"]) == ("canceled", None, 0)
 
 
+def test_items_a_driver_finished_before_a_cancel_are_kept_and_counted(world):
+    account = world.account()
+    run_id = world.run(account)
+    [claim] = world.claim()
+    with world.db.session() as session:
+        transitions.begin(session, run_id, claim.owner, NOW, billing_enabled=False, quote=None)
+    with world.db.session() as session:
+        transitions.cancel(session, transitions.lock_run(session, run_id), NOW)
+    row = world.get(run_id)
+    todo = {0: ITEMS[0], 1: ITEMS[1]}  # two of three finished when the cancel came
+    made = {i: eval_run.samples.given(item) for i, item in todo.items()}
+    items = eval_run.graded(row, todo, made, eval_run.runtime_for(world.ctx, row, canceled=True))
+    eval_run.record_and_finish(world.ctx, claim, row, eval_run.RunPlan.from_record(row.plan), items)
+    row = world.get(run_id)
+    assert (row.status, row.lease_owner) == ("canceled", None)
+    assert row.result_counts == {"total": 2, "passed": 1, "failed": 1, "errored": 0}
+    with world.db.session() as session:
+        assert [i.item_index for i in repo.all_items(session, run_id)] == [0, 1]
+
+
 def test_two_workers_racing_for_one_run_one_drives_it(postgres):  # noqa: F811
     world = World(*postgres(max_concurrent_batches=4))
     run_id = world.run(world.account())

@@ -46,11 +46,11 @@ def completions_source(items, model=BASE, **params) -> dict:
             "source": {"type": "file_content", "content": items}}
 
 
-def wait_run(client, eval_id: str, run_id: str, timeout: float = 300):
+def wait_run(client, eval_id: str, run_id: str, timeout: float = 300, statuses=ENDED):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         run = client.evals.runs.retrieve(run_id, eval_id=eval_id)
-        if run.status in ENDED:
+        if run.status in statuses:
             return run
         time.sleep(0.3)
     raise AssertionError(f"run {run_id} still {run.status} after {timeout} s")
@@ -211,10 +211,11 @@ def test_a_model_graded_run_and_a_multi_grader(driven):
 def test_cancel_keeps_what_finished_and_delete_needs_an_ended_run(driven):
     client, api = driven
     made = client.evals.create(data_source_config=CONFIG, testing_criteria=[EXACT])
-    items = [{"item": {"question": f"capital number {i}?", "answer": "x"}} for i in range(40)]
+    items = [{"item": {"question": f"capital number {i}?", "answer": "x"}} for i in range(8)]
     created = client.evals.runs.create(made.id, data_source=completions_source(items, max_completion_tokens=64))
     with pytest.raises(openai.ConflictError):
         client.evals.runs.delete(created.id, eval_id=made.id)
+    wait_run(client, made.id, created.id, statuses=("in_progress", *ENDED), timeout=60)
     canceled = client.evals.runs.cancel(created.id, eval_id=made.id)
     assert canceled.status == "canceled"
     db = Database(api.settings.resolved_database_url())
@@ -230,6 +231,6 @@ def test_cancel_keeps_what_finished_and_delete_needs_an_ended_run(driven):
     run = client.evals.runs.retrieve(created.id, eval_id=made.id)
     kept = items_of(client, made.id, created.id)
     assert run.status == "canceled" and run.result_counts.total == len(kept) < len(items)
-    assert all(k.sample.output for k in kept)  # only items that finished are kept
+    assert all(k.sample.output for k in kept)  # only items that finished are kept (tests/evals: kept after a cancel)
     assert _events(api, created.id) == ["eval.run.canceled"]
     assert client.evals.runs.delete(created.id, eval_id=made.id).deleted
