@@ -50,6 +50,9 @@ BODY_LIMITS: dict[str, int | None] = {
     "validate_grader": 2 * MIB,
     "run_grader": 2 * MIB,
     "create_eval": 4 * MIB,
+    # a run's items may come in the body (file_content, up to evals/source.py MAX_ITEMS); larger
+    # sources go as a file of purpose evals (data_source.source.id)
+    "create_eval_run": 16 * MIB,
     # the messages of a whole context (8,192 tokens of several bytes each, JSON-escaped) with room
     "create_chat_completion": 1 * MIB,
 }

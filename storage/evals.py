@@ -85,3 +85,9 @@ def waiting_runs(session: Session, limit: int) -> Sequence[str]:
 
 def run_status(session: Session, run_id: str) -> str | None:
     return session.scalar(select(EvalRun.status).where(EvalRun.id == run_id))
+
+
+def expired_runs(session: Session, now: int, *, limit: int) -> Sequence[EvalRun]:
+    """Ended runs past their retention (their items, samples and grades go with them)."""
+    return session.scalars(select(EvalRun).where(EvalRun.status.in_(RUN_ENDED), EvalRun.expires_at <= now)
+                           .order_by(EvalRun.expires_at).limit(limit)).all()

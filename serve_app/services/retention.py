@@ -13,7 +13,10 @@ every step is safe to repeat or to run twice at once). The reference's "Your dat
   meanwhile is safe: storage/tokenized_reaps.py);
 - jobs and their events: 180 days after they end (after their copies are gone);
 - merged exports: 7 days (`merge.worker.expire_exports`, the merge worker's own rule);
-- webhook deliveries and their attempts: `webhook_log_retention_days` (30) after they were delivered or failed.
+- webhook deliveries and their attempts: `webhook_log_retention_days` (30) after they were delivered or failed;
+- eval runs with their items, samples and grades (rows and objects under storage/keys.py
+  `eval_run`): `file_retention_days` after the run was created, once it has ended, like the files
+  their items came from.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import logging
 from merge.worker import expire_exports
 from pipelines.tokenize import MANIFEST as TOKENIZED_MANIFEST
 from serve_app.state import AppState
+from storage import evals as evals_repo
 from storage import files as files_repo
 from storage import jobs as jobs_repo
 from storage import keys
@@ -43,6 +47,7 @@ def reap_once(state: AppState, now: int | None = None) -> dict[str, int]:
     counts.update(_reap_jobs(state, now))
     counts["exports"] = expire_exports(state.db, state.store, now=now)
     counts["webhook_deliveries"] = _reap_webhook_log(state, now)
+    counts["eval_runs"] = _reap_eval_runs(state, now)
     if any(counts.values()):
         log.info("reaped %s", counts)
     return counts
@@ -52,6 +57,17 @@ def _reap_webhook_log(state: AppState, now: int) -> int:
     with state.db.session() as session:
         return webhooks_repo.delete_ended_before(session, now - state.settings.webhook_log_retention_days * DAY,
                                                  limit=BATCH)
+
+
+def _reap_eval_runs(state: AppState, now: int) -> int:
+    with state.db.session() as session:
+        expired = evals_repo.expired_runs(session, now, limit=BATCH)
+        runs = [(run.account_id, run.id) for run in expired]
+        for run in expired:
+            evals_repo.delete_run_rows(session, run)
+    for account_id, run_id in runs:  # rows first: a run whose rows are gone is never read again
+        state.store.delete_prefix(keys.eval_run(account_id, run_id))
+    return len(runs)
 
 
 def _reap_files(state: AppState, now: int) -> int:

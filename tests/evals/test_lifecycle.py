@@ -201,3 +201,22 @@ def test_billing_holds_the_quote_at_the_batch_rate_and_charges_real_tokens(backe
         events = session.query(WebhookDelivery).filter(WebhookDelivery.account_id == rich.id).all()
     assert events == []  # no endpoint subscribed: nothing owed
     assert leases.exhausted(transitions.EVAL_RUN, row) is False
+
+
+def test_a_run_its_items_and_objects_expire_with_files_once_it_ended(world):
+    from serve_app.services.retention import reap_once
+    from storage import keys
+
+    account = world.account()
+    ended, going = world.run(account), world.run(account)
+    [claim] = world.claim()  # the oldest: one at a time (max_concurrent_batches)
+    assert claim.run_id == ended
+    eval_run.drive(world.ctx, claim)
+    assert world.get(ended).status == "completed"
+    later = int(time.time()) + world.settings.file_retention_days * 86400 + 60
+    assert reap_once(world.state, now=later)["eval_runs"] == 1
+    with world.db.session() as session:
+        assert session.get(EvalRun, ended) is None and repo.all_items(session, ended) == []
+        assert session.get(EvalRun, going).status == "queued"  # not ended: kept
+    assert list(world.store.list(keys.eval_run(account.id, ended))) == []
+    assert list(world.store.list(keys.eval_run(account.id, going)))
