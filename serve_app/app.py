@@ -13,8 +13,8 @@ from serve_app.errors import install_error_handlers
 from serve_app.request_body import BodyLimit
 from serve_app.request_head import HeadLimit, HeadLimits
 from serve_app.request_params import refuse_nul_params
-from serve_app.routers import (adapters, admin, api_docs, api_keys, batches, chat, dashboard, evals, files,
-                               fine_tuning_jobs, graders, models, webhooks)
+from serve_app.routers import (adapters, admin, api_docs, api_keys, batches, chat, dashboard, eval_compare, evals,
+                               files, fine_tuning_jobs, graders, models, webhooks)
 from serve_app.services.retention import reap_once
 from serve_app.slow_clients import install_slow_body_guard
 from serve_app.state import AppState
@@ -58,6 +58,7 @@ def create_app(settings: Settings, state: AppState | None = None) -> FastAPI:
     v1.include_router(webhooks.router)
     v1.include_router(graders.router)
     v1.include_router(evals.router)
+    v1.include_router(eval_compare.router)
     v1.include_router(chat.router)
     v1.include_router(api_keys.router)
     # Without an admin key the admin API answers 404, so the schema must not list it either.

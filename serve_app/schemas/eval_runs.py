@@ -99,3 +99,45 @@ class OutputItem(BaseModel):
     results: list[OutputItemResult]
     sample: dict[str, Any] = Field(default_factory=dict)
     """OpenAI's sample: input, output, model, finish_reason, usage, error, sampling parameters."""
+
+
+class ComparedCriterion(BaseModel):
+    name: str
+    graded: int
+    """Items with a sample that this criterion graded."""
+    pass_rate: float | None = None
+    """Passed / graded (null when nothing was graded)."""
+    mean_score: float | None = None
+
+
+class ComparedRun(BaseModel):
+    id: str
+    model: str
+    status: str
+    result_counts: ResultCounts
+    criteria: list[ComparedCriterion]
+    per_model_usage: list[PerModelUsage]
+
+
+class ChangedGrade(BaseModel):
+    score: float
+    passed: bool
+
+
+class ChangedItem(BaseModel):
+    datasource_item_id: int
+    before: str
+    """The item's status in the first run: pass, fail or error."""
+    after: str
+    criteria: dict[str, dict[str, ChangedGrade]]
+    """Each criterion whose pass changed: {"before": {score, passed}, "after": {...}}."""
+    datasource_item: dict[str, Any]
+
+
+class EvalRunComparison(BaseModel):
+    object: Literal["gridline.eval.comparison"] = "gridline.eval.comparison"
+    eval_id: str
+    runs: list[ComparedRun]
+    """The two runs, in the order asked (`run_id` first, then `other_run_id`)."""
+    changed: list[ChangedItem]
+    """The items both runs recorded whose status or any criterion's pass differs, in item order."""

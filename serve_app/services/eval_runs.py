@@ -60,7 +60,7 @@ def _eval(session, account: Account, eval_id: str):
     return found
 
 
-def _run(session, account: Account, eval_id: str, run_id: str) -> RunRow:
+def get_run(session, account: Account, eval_id: str, run_id: str) -> RunRow:
     _eval(session, account, eval_id)
     found = repo.get_run(session, account.id, eval_id, run_id)
     if found is None:
@@ -124,7 +124,7 @@ def create_run(state: AppState, account: Account, eval_id: str, body: dict) -> E
 
 def retrieve_run(state: AppState, account: Account, eval_id: str, run_id: str) -> EvalRun:
     with state.db.session() as session:
-        return run_object(state, _run(session, account, eval_id, run_id))
+        return run_object(state, get_run(session, account, eval_id, run_id))
 
 
 def _order(order: str) -> None:
@@ -147,7 +147,7 @@ def list_runs(state: AppState, account: Account, eval_id: str, *, limit: int, af
 
 def cancel_run(state: AppState, account: Account, eval_id: str, run_id: str) -> EvalRun:
     with state.db.session() as session:
-        _run(session, account, eval_id, run_id)
+        get_run(session, account, eval_id, run_id)
         row = transitions.lock_run(session, run_id, account.id)
         moved = transitions.cancel(session, row, state.now())
         if not moved.ok:
@@ -158,7 +158,7 @@ def cancel_run(state: AppState, account: Account, eval_id: str, run_id: str) -> 
 
 def delete_run(state: AppState, account: Account, eval_id: str, run_id: str) -> EvalRunDeleted:
     with state.db.session() as session:
-        _run(session, account, eval_id, run_id)
+        get_run(session, account, eval_id, run_id)
         row = transitions.lock_run(session, run_id, account.id)
         if row.status in RUN_OPEN:
             raise Conflict("The run is still going; cancel it first, then delete it.", code="run_not_ended",
@@ -175,7 +175,7 @@ def list_items(state: AppState, account: Account, eval_id: str, run_id: str, *, 
     if status is not None and status not in ("pass", "fail"):
         raise InvalidRequest("status must be pass or fail.", code="invalid_value", param="status")
     with state.db.session() as session:
-        _run(session, account, eval_id, run_id)
+        get_run(session, account, eval_id, run_id)
         rows, has_more = repo.list_items(session, account.id, run_id, limit=limit, after=after, order=order,
                                          status=status)
         return page_of([item_object(r) for r in rows], has_more)
@@ -183,7 +183,7 @@ def list_items(state: AppState, account: Account, eval_id: str, run_id: str, *, 
 
 def retrieve_item(state: AppState, account: Account, eval_id: str, run_id: str, item_id: str) -> OutputItem:
     with state.db.session() as session:
-        _run(session, account, eval_id, run_id)
+        get_run(session, account, eval_id, run_id)
         row = repo.get_item(session, account.id, run_id, item_id)
         if row is None:
             raise NotFound("No such output item of this run.", param="output_item_id")

@@ -168,6 +168,33 @@ def test_a_jsonl_run_grades_its_samples_as_the_grader_endpoint_does(driven):
         client.evals.runs.retrieve(run.id, eval_id=made.id)
 
 
+def test_two_runs_compared_item_by_item_and_another_account_sees_neither(driven):
+    client, api = driven
+    made = client.evals.create(data_source_config=CONFIG, testing_criteria=[EXACT, CLOSE])
+    better = [{**row, "sample": {"output_text": row["item"]["answer"]}} for row in ITEMS]
+    first, second = (wait_run(client, made.id, client.evals.runs.create(made.id, data_source=jsonl_source(items)).id)
+                     for items in (ITEMS, better))
+    got = client.get(f"/gridline/evals/{made.id}/compare", cast_to=object,
+                     options={"params": {"run_id": first.id, "other_run_id": second.id}})
+    assert [r["id"] for r in got["runs"]] == [first.id, second.id]
+    rates = [{c["name"]: c["pass_rate"] for c in r["criteria"]} for r in got["runs"]]
+    assert rates == [{"exact": 1 / 3, "close": rates[0]["close"]}, {"exact": 1.0, "close": 1.0}]
+    assert [(c["datasource_item_id"], c["before"], c["after"]) for c in got["changed"]] == [(1, "fail", "pass"),
+                                                                                       (2, "fail", "pass")]
+    assert got["changed"][1]["criteria"]["exact"] == {"before": {"score": 0.0, "passed": False},
+                                                      "after": {"score": 1.0, "passed": True}}
+    assert got["changed"][1]["datasource_item"] == ITEMS[2]["item"]
+    _, key = api.create_account()
+    other = api.client(key)
+    for call in (lambda: other.evals.runs.retrieve(first.id, eval_id=made.id),
+                 lambda: other.evals.runs.output_items.list(first.id, eval_id=made.id),
+                 lambda: other.get(f"/gridline/evals/{made.id}/compare", cast_to=object,
+                                   options={"params": {"run_id": first.id, "other_run_id": second.id}})):
+        with pytest.raises(openai.NotFoundError) as info:
+            call()
+        assert MARKER not in str(info.value.body)
+
+
 def test_a_completions_run_samples_the_base_on_the_batch_engine(driven):
     client, api = driven
     made = client.evals.create(data_source_config=CONFIG, testing_criteria=[EXACT])
