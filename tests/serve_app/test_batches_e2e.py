@@ -190,3 +190,39 @@ def test_expiry_mid_run_keeps_what_finished(account, apis, training_api):
     assert done.status == "expired" and done.expired_at >= done.expires_at
     assert 0 < done.request_counts.completed < len(lines) and done.in_progress_at < done.expires_at
     _kept_what_finished(client, done, lines, "batch_expired")
+
+
+def test_an_eval_passes_the_fine_tune_and_not_its_base_item_by_item(account, fine_tunes):
+    """Issue 25's "Done when": an eval with a string_check and a text_similarity criterion, run on
+    the fine-tune and on its base over the held-out tickets (the fine-tunes trained above)."""
+    _, held_out = ticket_splits()
+    schema = {"type": "object", "properties": {"ticket": {"type": "string"}, "label": {"type": "string"}},
+              "required": ["ticket", "label"]}
+    criteria = [{"type": "string_check", "name": "label", "input": "{{sample.output_text}}",
+                 "reference": "{{item.label}}", "operation": "ilike"},
+                {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
+                 "reference": "{{item.label}}", "evaluation_metric": "fuzzy_match", "pass_threshold": 0.8}]
+    made = account.evals.create(data_source_config={"type": "custom", "item_schema": schema}, testing_criteria=criteria)
+    source = {"type": "file_content", "content": [{"item": {"ticket": t, "label": label}} for t, label in held_out]}
+    template = {"type": "template", "template": [{"role": "system", "content": SYSTEM},
+                                                 {"role": "user", "content": "{{item.ticket}}"}]}
+    ids = [account.evals.runs.create(made.id, data_source={
+        "type": "completions", "model": model, "input_messages": template, "source": source,
+        "sampling_params": {"max_completion_tokens": 5, "temperature": 0}}).id for model in (fine_tunes["plain"], BASE)]
+    runs = []
+    for run_id in ids:
+        deadline = time.monotonic() + 600
+        while (run := account.evals.runs.retrieve(run_id, eval_id=made.id)).status not in ("completed", "failed",
+                                                                                            "canceled"):
+            assert time.monotonic() < deadline
+            time.sleep(0.5)
+        assert run.status == "completed", run.error
+        runs.append(run)
+    passed = [run.result_counts.passed for run in runs]
+    print(f"eval items passed, of {len(held_out)}: fine-tune {passed[0]}, base {passed[1]}")  # the closing note's figures
+    assert passed[0] >= 0.8 * len(held_out) and passed[1] <= 0.1 * len(held_out), passed
+    got = account.get(f"/gridline/evals/{made.id}/compare", cast_to=object,
+                      options={"params": {"run_id": ids[1], "other_run_id": ids[0]}})
+    flipped = [c for c in got["changed"] if (c["before"], c["after"]) == ("fail", "pass")]
+    assert len(flipped) >= passed[0] - passed[1]
+    assert all(c["datasource_item"]["label"] == held_out[c["datasource_item_id"]][1] for c in flipped)
