@@ -15,14 +15,12 @@ from evals import scheduling, transitions
 from openft.pricing import DEFAULT_RATES, BaseRate, PriceTable
 from serve_app.services import eval_runs as runs
 from serve_app.services import evals as eval_service
-from serve_app.state import AppState
-from batches import run as batch_run
 from storage import evals as repo
 from storage import leases
 from storage.billing import credit
 from storage.models import Account, EvalRun, WebhookDelivery
-from storage.objects import open_object_store
-from tests.factories import JOB_MODEL, db_account
+from tests.batches import test_lifecycle as batch_world
+from tests.factories import JOB_MODEL
 from tests.jobs.conftest import backend, postgres  # noqa: F401 (the fixtures)
 
 NOW = int(time.time())
@@ -34,19 +32,9 @@ ITEMS = [{"item": {"answer": "Paris"}, "sample": {"output_text": "Paris"}},
          {"item": {"answer": "Oslo"}, "sample": {"output_text": "Oslo"}}]
 
 
-class World:
-    def __init__(self, settings, db):
-        self.settings, self.db = settings, db
-        self.store = open_object_store(settings.resolved_storage_url())
-        self.state = AppState(settings, db, self.store)
-        self.ctx = batch_run.Context(settings, db, self.store)
-
-    def account(self, deposit_usd: str | None = None) -> Account:
-        account_id = db_account(self.db, deposit_usd=deposit_usd)
-        with self.db.session() as session:
-            account = session.get(Account, account_id)
-            session.expunge(account)
-            return account
+class World(batch_world.World):
+    """The batch tests' world (settings, database, store, the API's state and the worker's context,
+    accounts), with runs in place of batches."""
 
     def run(self, account: Account, criteria=(EXACT,), items=ITEMS) -> str:
         made = eval_service.create_eval(self.state, account, {
