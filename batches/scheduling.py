@@ -8,7 +8,7 @@ batches/transitions.py compare-and-sets under the scheduler's lock, like the run
   controller's whose thread is gone, is lost (storage/leases.py `reconcile`, `transitions.lose`).
 - `claim_batches`: first every batch to close without running (cancelled, or expired while it
   waited: no capacity needed, it only writes its error file), then runnable batches, oldest
-  first, while fewer than `max_concurrent_batches` are leased and the cluster has room beside
+  first, while fewer than `max_concurrent_batches` batches and eval runs are leased and the cluster has room beside
   the leased runs and batches (`fit(session)`: jobs/scheduling.py's shared rule).
 """
 
@@ -23,6 +23,7 @@ from batches import transitions
 from openft.settings import Settings
 from storage import leases
 from storage.batches import count_leased
+from storage.evals import count_leased_runs
 from storage.db import Database
 from storage.models import Batch
 
@@ -49,7 +50,8 @@ def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[
     with db.session() as session:
         leases.lock_scheduler(session)
         # Counted before the closes are leased: closing a batch that never ran takes no capacity.
-        room = min(settings.max_concurrent_batches - count_leased(session), fit(session))
+        # Eval runs sample on the batch engine: they count against the same cap (evals/scheduling.py).
+        room = min(settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session), fit(session))
         closable = session.scalars(select(Batch).where(
             Batch.lease_owner.is_(None),
             or_(Batch.status == "cancelling",

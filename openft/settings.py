@@ -127,7 +127,7 @@ class Settings(BaseSettings):
         "(its finished lines are kept). Tests shorten it.",
     )
     max_concurrent_batches: int = Field(
-        1, description="Batches the controller runs at once. Their engine actors also count against the cluster's "
+        1, description="Batches and eval runs the controller runs at once, together. Their engine actors also count against the cluster's "
         "capacity that training runs use (jobs/scheduling.py), so neither oversubscribes the other.",
     )
     reaper_interval_seconds: float = Field(300.0, description="How often expired objects are reaped.")

@@ -14,6 +14,6 @@ router = APIRouter(prefix="/gridline/evals", tags=["evals"])
 
 
 @router.get("/{eval_id}/compare", response_model=EvalRunComparison)
-def compare_eval_runs(eval_id: str, run_id: str, other_run_id: str, request: Request,
+def compare_eval_runs(eval_id: str, request: Request, run_id: str | None = None, other_run_id: str | None = None,
                       account: Account = Depends(current_account)) -> EvalRunComparison:
     return compare_runs(request.app.state.openft, account, eval_id, run_id, other_run_id)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from evals import compare
 from openft.errors import InvalidRequest
 from serve_app.schemas.eval_runs import ComparedRun, EvalRunComparison
-from serve_app.services.eval_runs import get_run
+from serve_app.services.eval_runs import get_eval, get_run
 from serve_app.state import AppState
 from storage import evals as repo
 from storage.models import Account
@@ -17,7 +17,14 @@ def _graded(rows) -> list[compare.Graded]:
             for r in rows]
 
 
-def compare_runs(state: AppState, account: Account, eval_id: str, run_id: str, other_run_id: str) -> EvalRunComparison:
+def compare_runs(state: AppState, account: Account, eval_id: str, run_id: str | None,
+                 other_run_id: str | None) -> EvalRunComparison:
+    with state.db.session() as session:
+        get_eval(session, account, eval_id)  # another account's eval: 404 before anything else is said
+    for name, value in (("run_id", run_id), ("other_run_id", other_run_id)):
+        if not value:
+            raise InvalidRequest(f"Missing {name}: compare names two runs of the eval.",
+                                 code="missing_required_parameter", param=name)
     if run_id == other_run_id:
         raise InvalidRequest("other_run_id names the same run as run_id; compare two runs.", code="invalid_value",
                              param="other_run_id")

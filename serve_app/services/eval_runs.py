@@ -53,7 +53,7 @@ def item_object(row) -> OutputItem:
                       sample=row.sample)
 
 
-def _eval(session, account: Account, eval_id: str):
+def get_eval(session, account: Account, eval_id: str):
     found = repo.get_eval(session, account.id, eval_id)
     if found is None:
         raise NotFound("No such eval.", param="eval_id")
@@ -61,7 +61,7 @@ def _eval(session, account: Account, eval_id: str):
 
 
 def get_run(session, account: Account, eval_id: str, run_id: str) -> RunRow:
-    _eval(session, account, eval_id)
+    get_eval(session, account, eval_id)
     found = repo.get_run(session, account.id, eval_id, run_id)
     if found is None:
         raise NotFound("No such run of this eval.", param="run_id")
@@ -94,7 +94,7 @@ def create_run(state: AppState, account: Account, eval_id: str, body: dict) -> E
         raise InvalidRequest("name must be a string of at most 256 characters.", code="invalid_value", param="name")
     metadata = parse_metadata(body.get("metadata"))
     with state.db.session() as session:
-        row = _eval(session, account, eval_id)
+        row = get_eval(session, account, eval_id)
         config, criteria = row.data_source_config, row.testing_criteria
 
     def resolve(model: str):
@@ -139,7 +139,7 @@ def list_runs(state: AppState, account: Account, eval_id: str, *, limit: int, af
     if status is not None and status not in RUN_STATUSES:
         raise InvalidRequest(f"status must be one of {', '.join(RUN_STATUSES)}.", code="invalid_value", param="status")
     with state.db.session() as session:
-        _eval(session, account, eval_id)
+        get_eval(session, account, eval_id)
         rows, has_more = repo.list_runs(session, account.id, eval_id, limit=limit, after=after, order=order,
                                         status=status)
         return page_of([run_object(state, r) for r in rows], has_more)

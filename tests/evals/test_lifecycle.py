@@ -65,6 +65,8 @@ def test_a_jsonl_run_is_claimed_driven_graded_and_counted(world):
     assert world.get(run_id).status == "queued"
     [claim] = world.claim()
     assert world.claim() == []  # leased: no second driver
+    world.batch(account)
+    assert batch_world.World.claim(world, fit=2) == []  # a leased run holds the batches' cap (1) too
     eval_run.drive(world.ctx, claim)
     row = world.get(run_id)
     assert (row.status, row.lease_owner, row.error) == ("completed", None, None)

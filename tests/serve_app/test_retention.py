@@ -109,7 +109,7 @@ def test_reaper_deletes_exactly_what_expired_and_nothing_in_use(state: AppState,
     caplog.set_level(logging.INFO, logger="openft.reaper")
     counts = reap_once(state)
     assert counts == {"files": 1, "run_copies": 5, "run_objects": 7, "tokenized_files": 1, "jobs": 1, "events": 2,
-                      "exports": 1, "webhook_deliveries": 0}
+                      "exports": 1, "webhook_deliveries": 0, "eval_runs": 0}
     assert [r.getMessage() for r in caplog.records] == [f"reaped {counts}"]
 
     with state.db.session() as session:

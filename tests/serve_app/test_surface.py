@@ -50,6 +50,7 @@ class Owned:
     batch_id: str  # -- batches (issue 13) --
     webhook_endpoint_id: str
     eval_id: str  # -- evals (issue 25) --
+    run_id: str  # a run of the eval (queued: no controller drives this deployment)
     key_id: str  # A's API key (issue 24)
     http: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=60))
 
@@ -64,7 +65,8 @@ class Owned:
         values = {"file_id": self.file_id, "fine_tuning_job_id": self.job_id, "model": self.model,
                   "account": self.account_id, "name": "adapter_config.json", "path": "config.json",
                   "batch_id": self.batch_id, "webhook_endpoint_id": self.webhook_endpoint_id,
-                  "eval_id": self.eval_id, "key_id": self.key_id}  # fmt: skip
+                  "eval_id": self.eval_id, "run_id": self.run_id, "output_item_id": "outputitem_" + "0" * 28,
+                  "key_id": self.key_id}  # fmt: skip
         return PARAM.sub(lambda m: values[m.group(1)], path)
 
 
@@ -85,9 +87,11 @@ def _owned(api) -> Owned:
         data_source_config={"type": "custom", "item_schema": {"type": "object"}, "include_sample_schema": True},
         testing_criteria=[{"type": "string_check", "name": "c", "input": "{{sample.output_text}}", "reference": "x",
                            "operation": "eq"}])
+    run = api.client(key).evals.runs.create(made.id, data_source={"type": "jsonl", "source": {
+        "type": "file_content", "content": [{"item": {}, "sample": {"output_text": "x"}}]}})
     [api_key] = api.client(key).get("/gridline/api_keys", cast_to=object)["data"]
     return Owned(api.base_url.removesuffix("/v1"), state, account_id, key, other_key, uploaded.id, job_id, model, prefix,
-                 batch.id, hook.id, made.id, api_key["id"])
+                 batch.id, hook.id, made.id, run.id, api_key["id"])
 
 
 @pytest.fixture(scope="module")

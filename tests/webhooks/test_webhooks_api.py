@@ -91,7 +91,7 @@ def test_every_other_refusal_names_its_param_and_creates_nothing(clients, api):
     client, other, key = clients
     ok = dict(name="n", url="https://example.com/hook", event_types=["batch.completed"])
     cases = [
-        ({**ok, "event_types": ["eval.run.succeeded"]}, "unsupported_value", "event_types"),
+        ({**ok, "event_types": ["response.completed"]}, "unsupported_value", "event_types"),
         ({**ok, "event_types": ["response.completed", "batch.completed"]}, "unsupported_value", "event_types"),
         ({**ok, "event_types": []}, "invalid_value", "event_types"),
         ({**ok, "event_types": "batch.completed"}, "invalid_value", "event_types"),
@@ -112,7 +112,7 @@ def test_every_other_refusal_names_its_param_and_creates_nothing(clients, api):
     refused(lambda: client.webhooks.update(made.id, url="file:///etc/passwd"), 400, "invalid_url", "url")
     refused(lambda: client.webhooks.update(made.id, event_types=["video.completed"]), 400, "unsupported_value",
             "event_types")
-    refused(lambda: client.webhooks.test(made.id, event_type="eval.run.failed"), 400, "unsupported_value", "event_type")
+    refused(lambda: client.webhooks.test(made.id, event_type="response.failed"), 400, "unsupported_value", "event_type")
     assert client.webhooks.retrieve(made.id).model_dump() == client.webhooks.list().data[0].model_dump()
     assert client.webhooks.retrieve(made.id).url == ok["url"]
     # the endpoint does not answer: 502, and x-should-retry false so the SDK does not resend the test
