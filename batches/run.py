@@ -23,7 +23,6 @@ to the error file with `batch_cancelled` / `batch_expired`, so every custom_id i
 from __future__ import annotations
 
 import hashlib
-import logging
 import threading
 import time
 from dataclasses import dataclass, field
@@ -40,7 +39,7 @@ from openft.ids import batch_request_id
 from openft.ids import file_id as new_file_id
 from pipelines.batch_plan import LineRefusal
 from pipelines.distill import iter_lines
-from storage import context, keys
+from storage import context, keys, leases
 from storage.batches import ENDED_STATUSES
 from storage.files import add_file
 from storage.keys import ADAPTER_FILES
@@ -48,7 +47,6 @@ from storage.leases import Heartbeat, LeaseLost
 from storage.models import Batch, File
 from storage.objects import ObjectNotFound
 
-log = logging.getLogger("openft.batches")
 NOT_RUN = {"cancelled": ("batch_cancelled", "The batch was cancelled before this request ran."),
            "expired": ("batch_expired", "The batch's completion window ended before this request ran.")}
 
@@ -59,26 +57,22 @@ class Context(context.Context):
 
 
 def drive(ctx: Context, claim: Claim) -> None:
-    try:
+    def work():
         if claim.close:
             close(ctx, claim)
         else:
             run(ctx, claim)
-    except LeaseLost:
-        log.info("batch %s: its lease is held by another driver; stopped", claim.batch_id)
-    except Exception as exc:
-        log.error("batch %s failed: %s", claim.batch_id, type(exc).__name__)
 
-        def fail():
-            with ctx.db.session() as session:
-                transitions.fail(session, claim.batch_id, claim.owner, int(time.time()), "batch_failed",
-                                 "The batch failed for a platform reason. Nothing was charged: create it again.")
+    def fail():
+        with ctx.db.session() as session:
+            transitions.fail(session, claim.batch_id, claim.owner, int(time.time()), "batch_failed",
+                             "The batch failed for a platform reason. Nothing was charged: create it again.")
 
-        try:
-            ctx.retrying(fail, "fail the batch")
-            _delete_stage(ctx, claim.batch_id)
-        except Exception as again:  # the lease lapses and reconciliation takes the batch
-            log.error("batch %s could not record its end: %s", claim.batch_id, type(again).__name__)
+    def failed():
+        ctx.retrying(fail, "fail the batch")
+        _delete_stage(ctx, claim.batch_id)
+
+    leases.drive(transitions.BATCH, claim.batch_id, work, failed)
 
 
 # -- files ------------------------------------------------------------------------------------

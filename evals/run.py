@@ -20,7 +20,6 @@ Reads top to bottom:
 
 from __future__ import annotations
 
-import logging
 import time
 
 import orjson
@@ -35,31 +34,21 @@ from graders import ModelAnswer, Runtime, grade_many, validate
 from openft.ids import eval_output_item_id
 from pipelines.distill import iter_lines
 from storage import evals as repo
-from storage import keys
+from storage import keys, leases
 from storage.leases import Heartbeat, LeaseLost
 from storage.models import EvalOutputItem, EvalRun
 
-log = logging.getLogger("openft.evals")
 CANCELED_GRADE = "The run was canceled before this grade's model answered."
 
 
 def drive(ctx: batch_run.Context, claim: Claim) -> None:
-    try:
-        run(ctx, claim)
-    except LeaseLost:
-        log.info("eval run %s: its lease is held by another driver; stopped", claim.run_id)
-    except Exception as exc:
-        log.error("eval run %s failed: %s", claim.run_id, type(exc).__name__)
+    def fail():
+        with ctx.db.session() as session:
+            transitions.fail(session, claim.run_id, claim.owner, int(time.time()), "eval_run_failed",
+                             "The run failed for a platform reason. Nothing was charged: create it again.")
 
-        def fail():
-            with ctx.db.session() as session:
-                transitions.fail(session, claim.run_id, claim.owner, int(time.time()), "eval_run_failed",
-                                 "The run failed for a platform reason. Nothing was charged: create it again.")
-
-        try:
-            ctx.retrying(fail, "fail the eval run")
-        except Exception as again:  # the lease lapses and reconciliation takes the run
-            log.error("eval run %s could not record its end: %s", claim.run_id, type(again).__name__)
+    leases.drive(transitions.EVAL_RUN, claim.run_id, lambda: run(ctx, claim),
+                 lambda: ctx.retrying(fail, "fail the eval run"))
 
 
 def _owned(ctx: batch_run.Context, claim: Claim) -> EvalRun:

@@ -220,6 +220,24 @@ def exhausted(kind: Kind, row) -> bool:
     return kind.max_attempts is not None and (getattr(row, kind.attempts) or 0) >= kind.max_attempts
 
 
+def drive(kind: Kind, row_id: str, work: Callable[[], None], fail: Callable[[], None]) -> None:
+    """A holder's `work` on a row, the same way for every kind's driver: a lease found lost stops it
+    quietly (another worker holds the row, or it ended); any other failure is logged by its class
+    only (never its message, which may quote users' data) and recorded by `fail` (the kind's end as
+    failed, retried by the caller); an end that cannot be recorded is left to `reconcile` once the
+    lease lapses."""
+    try:
+        work()
+    except LeaseLost:
+        log.info("%s %s: its lease is held by another worker; stopped", kind.name, row_id)
+    except Exception as exc:
+        log.error("%s %s failed: %s", kind.name, row_id, type(exc).__name__)
+        try:
+            fail()
+        except Exception as again:  # the lease lapses and reconciliation takes the row
+            log.error("%s %s could not record its end: %s", kind.name, row_id, type(again).__name__)
+
+
 # -- the lost -----------------------------------------------------------------------------------------
 def is_lost(row, now: float, alive: set[str], mine: str | None) -> bool:
     """Nothing drives a row of `Kind.candidates()`: it has no lease (it is in a status that needs

@@ -2,8 +2,8 @@
 app: every refusal (status, code, param, nothing created, no item text echoed) on SQLite and
 PostgreSQL; then, with the real job controller and the batch engine on the stand-in base, a jsonl
 run graded by string_check and text_similarity (the same score `graders.run` gives), a completions
-run sampled on the base with an item that cannot run, a model-graded run with a multi grader,
-cancel and delete, and the webhook event of each end."""
+run sampled on the base with an item that cannot run, a model-graded run with a multi grader, two
+runs compared, delete, and the webhook event of an end; cancel mid-sampling in make test-heavy."""
 
 from __future__ import annotations
 
@@ -235,6 +235,7 @@ def test_a_model_graded_run_and_a_multi_grader(driven):
     assert {r.name: r for r in out[0].results}["both"].score == 1.0
 
 
+@pytest.mark.heavy  # a second engine start (make test-heavy); tests/evals covers a cancel's kept items in make test
 def test_cancel_keeps_what_finished_and_delete_needs_an_ended_run(driven):
     client, api = driven
     made = client.evals.create(data_source_config=CONFIG, testing_criteria=[EXACT])
