@@ -107,15 +107,7 @@ def _end(ctx: Context, claim: Claim, batch: Batch, now: int, files: list[File | 
 
 
 def _owned(ctx: Context, claim: Claim) -> Batch:
-    def read():
-        with ctx.db.session() as session:
-            batch = session.get(Batch, claim.batch_id)
-            if batch is None or batch.lease_owner != claim.owner:
-                raise LeaseLost()
-            session.expunge(batch)
-            return batch
-
-    return ctx.retrying(read, "read the batch")
+    return ctx.retrying(lambda: leases.read_held(ctx.db, Batch, claim.batch_id, claim.owner), "read the batch")
 
 
 def close(ctx: Context, claim: Claim) -> None:

@@ -52,15 +52,7 @@ def drive(ctx: batch_run.Context, claim: Claim) -> None:
 
 
 def _owned(ctx: batch_run.Context, claim: Claim) -> EvalRun:
-    def read():
-        with ctx.db.session() as session:
-            row = session.get(EvalRun, claim.run_id)
-            if row is None or row.lease_owner != claim.owner:
-                raise LeaseLost()
-            session.expunge(row)
-            return row
-
-    return ctx.retrying(read, "read the eval run")
+    return ctx.retrying(lambda: leases.read_held(ctx.db, EvalRun, claim.run_id, claim.owner), "read the eval run")
 
 
 def _todo(ctx: batch_run.Context, row: EvalRun) -> dict[int, dict]:

@@ -190,6 +190,16 @@ def claim_many(session: Session, kind: Kind, where: ColumnElement, order_by: Ite
     return claimed
 
 
+def read_held(db: Database, model, row_id: str, owner: str):
+    """The row, detached, for a holder to read from (a driver's start): LeaseLost when it is not `owner`'s."""
+    with db.session() as session:
+        row = session.get(model, row_id)
+        if row is None or row.lease_owner != owner:
+            raise LeaseLost()
+        session.expunge(row)
+        return row
+
+
 def write_owned(session: Session, model, row_id: str, owner: str, *also: ColumnElement, **values) -> bool:
     """Write `values` to the row only while `owner` holds its lease (and `also` holds); whether it did."""
     done = session.execute(update(model).where(model.id == row_id, model.lease_owner == owner, *also).values(**values))
