@@ -91,3 +91,7 @@ def expired_runs(session: Session, now: int, *, limit: int) -> Sequence[EvalRun]
     """Ended runs past their retention (their items, samples and grades go with them)."""
     return session.scalars(select(EvalRun).where(EvalRun.status.in_(RUN_ENDED), EvalRun.expires_at <= now)
                            .order_by(EvalRun.expires_at).limit(limit)).all()
+
+
+def run_ids_of(session: Session, account_id: str, eval_id: str) -> Sequence[str]:
+    return session.scalars(select(EvalRun.id).where(EvalRun.account_id == account_id, EvalRun.eval_id == eval_id)).all()

@@ -7,14 +7,15 @@ not have is refused), the caller's models for model graders, and `pass_threshold
 text_similarity as OpenAI requires it. `logs` and `stored_completions` data sources are refused
 by name: nothing here stores completions. Another account's eval answers 404 like a missing one.
 
-Runs (a later part) will reference an eval by id and copy its criteria when they start, so that
-an update or a delete never changes a run that is going.
+Runs (serve_app/services/eval_runs.py) copy the eval's criteria when they are created, so an
+update never changes a run; a delete takes the eval's runs with it.
 """
 
 from __future__ import annotations
 
 import time
 
+from evals import transitions as run_transitions
 from graders import Scope, validate
 from openft.errors import InvalidRequest, NotFound, unknown_parameter
 from openft.ids import eval_id as new_eval_id
@@ -25,6 +26,7 @@ from serve_app.services.graders import grader_record, rules
 from serve_app.services.paging import check_limit, page_of
 from serve_app.state import AppState
 from storage import evals as repo
+from storage import keys
 from storage.models import Account
 from storage.models import Eval as EvalRow
 
@@ -167,9 +169,19 @@ def list_evals(state: AppState, account: Account, *, limit: int, after: str | No
 
 
 def delete_eval(state: AppState, account: Account, eval_id: str) -> EvalDeleted:
+    """The eval and its runs with their items (OpenAI deletes them together): a going run is
+    canceled first (its driver finds its row gone and writes nothing more), then every row goes,
+    then the runs' objects."""
     with state.db.session() as session:
         row = repo.get_eval(session, account.id, eval_id)
         if row is None:
             raise _not_found()
+        run_ids = repo.run_ids_of(session, account.id, eval_id)
+        for run_id in run_ids:
+            run = run_transitions.lock_run(session, run_id, account.id)
+            run_transitions.cancel(session, run, state.now())
+            repo.delete_run_rows(session, run)
         session.delete(row)
+    for run_id in run_ids:
+        state.store.delete_prefix(keys.eval_run(account.id, run_id))
     return EvalDeleted(deleted=True, eval_id=eval_id)

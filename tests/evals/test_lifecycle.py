@@ -36,11 +36,11 @@ class World(batch_world.World):
     """The batch tests' world (settings, database, store, the API's state and the worker's context,
     accounts), with runs in place of batches."""
 
-    def run(self, account: Account, criteria=(EXACT,), items=ITEMS) -> str:
-        made = eval_service.create_eval(self.state, account, {
+    def run(self, account: Account, criteria=(EXACT,), items=ITEMS, eval_id: str | None = None) -> str:
+        eval_id = eval_id or eval_service.create_eval(self.state, account, {
             "data_source_config": {"type": "custom", "item_schema": SCHEMA, "include_sample_schema": True},
-            "testing_criteria": list(criteria)})
-        return runs.create_run(self.state, account, made.id, {"data_source": {
+            "testing_criteria": list(criteria)}).id
+        return runs.create_run(self.state, account, eval_id, {"data_source": {
             "type": "jsonl", "source": {"type": "file_content", "content": list(items)}}}).id
 
     def get(self, run_id: str) -> EvalRun:
@@ -210,3 +210,19 @@ def test_a_run_its_items_and_objects_expire_with_files_once_it_ended(world):
         assert session.get(EvalRun, going).status == "queued"  # not ended: kept
     assert list(world.store.list(keys.eval_run(account.id, ended))) == []
     assert list(world.store.list(keys.eval_run(account.id, going)))
+
+
+def test_deleting_the_eval_deletes_its_runs_items_and_objects(world):
+    from storage import keys
+
+    account = world.account()
+    ended = world.run(account)
+    eval_id = world.get(ended).eval_id
+    going = world.run(account, eval_id=eval_id)
+    [claim] = world.claim()
+    eval_run.drive(world.ctx, claim)
+    eval_service.delete_eval(world.state, account, eval_id)
+    with world.db.session() as session:
+        assert [session.get(EvalRun, r) for r in (ended, going)] == [None, None]
+        assert repo.all_items(session, ended) == []
+    assert [list(world.store.list(keys.eval_run(account.id, r))) for r in (ended, going)] == [[], []]
