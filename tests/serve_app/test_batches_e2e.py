@@ -202,7 +202,8 @@ def test_an_eval_passes_the_fine_tune_and_not_its_base_item_by_item(account, fin
                  "reference": "{{item.label}}", "operation": "ilike"},
                 {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}",
                  "reference": "{{item.label}}", "evaluation_metric": "fuzzy_match", "pass_threshold": 0.8}]
-    made = account.evals.create(data_source_config={"type": "custom", "item_schema": schema}, testing_criteria=criteria)
+    made = account.evals.create(data_source_config={"type": "custom", "item_schema": schema, "include_sample_schema": True},
+                                testing_criteria=criteria)
     source = {"type": "file_content", "content": [{"item": {"ticket": t, "label": label}} for t, label in held_out]}
     template = {"type": "template", "template": [{"role": "system", "content": SYSTEM},
                                                  {"role": "user", "content": "{{item.ticket}}"}]}
