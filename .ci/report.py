@@ -1,6 +1,7 @@
 """The CI budget report: each target's wall time and result, then the slowest tests of the whole run.
 
-Reads what .ci/run leaves under build/ci/: `times` (one line per target: name, exit status, seconds)
+Reads what .ci/run leaves under build/ci/: `times` (one line per target: name, exit status, seconds,
+and `beside` for what ran beside another target, left out of the total)
 and one JUnit XML file per target (pytest's --junitxml; a test's time there is its setup, call and
 teardown together). Prints plain text, so that the next change sees in CI's own output what it costs.
 """
@@ -20,8 +21,8 @@ def targets(folder: Path) -> list[tuple[str, int, int]]:
         return []
     rows = []
     for line in path.read_text().splitlines():
-        name, status, seconds = line.split()
-        rows.append((name, int(status), int(seconds)))
+        name, status, seconds, *beside = line.split()
+        rows.append((name, int(status), int(seconds), bool(beside)))
     return rows
 
 
@@ -45,9 +46,10 @@ def fmt(seconds: float) -> str:
 def main(folder: Path) -> None:
     rows = targets(folder)
     print("== CI budget: each target's wall time (installs included) ==")
-    for name, status, seconds in rows:
-        print(f"{name:<14} {fmt(seconds):>6}  {'ok' if status == 0 else f'FAILED (exit {status})'}")
-    print(f"{'total':<14} {fmt(sum(s for _, _, s in rows)):>6}")
+    for name, status, seconds, beside in rows:
+        print(f"{name:<14} {fmt(seconds):>6}  {'ok' if status == 0 else f'FAILED (exit {status})'}"
+              + ("  (beside make test, not in the total)" if beside else ""))
+    print(f"{'total':<14} {fmt(sum(s for _, _, s, beside in rows if not beside)):>6}")
     print(f"== the {SLOWEST} slowest tests (setup + call + teardown) ==")
     for seconds, target, name in tests(folder)[:SLOWEST]:
         print(f"{seconds:8.1f} s  {target:<14} {name}")

@@ -366,7 +366,7 @@ class Settings(BaseSettings):
         16, ge=1, description="Deliveries one deliverer POSTs at once; it claims the next due one as soon as one ends.",
     )
     webhook_endpoint_concurrency: int = Field(
-        2, ge=1, description="Deliveries one deliverer POSTs at once to one endpoint URL, so that a slow receiver "
+        2, ge=1, description="Deliveries one deliverer POSTs at once to one endpoint (counted by its URL's scheme, host and port), so that a slow receiver "
         "holds at most this many of the webhook_concurrency slots.",
     )
     webhook_allowed_networks: list[IPvAnyNetwork] = Field(

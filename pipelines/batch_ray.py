@@ -38,6 +38,7 @@ from catalog.bases import get_base
 from openft.errors import InvalidRequest
 from openft.settings import Settings
 from pipelines._batch_input import Line, LineError, error_line, not_run_line, output_line, parse_line
+from pipelines._items import item_dataset
 from pipelines.batch_plan import BatchModel, BatchPlan, LineRefusal
 from pipelines.engine import GenRequest, GenResult, SamplingParams
 from pipelines.generate import load_engine, prompt_for
@@ -228,8 +229,7 @@ def _generate(batch_id: str, work: list, spec: EngineSpec, settings: Settings, s
 
     rows = settings.batch_max_rows_in_flight
     items = [{"index": line_no, "request": request} for _, line_no, request in work]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, -(-len(items) // rows)))
-    ds.context.op_resource_reservation_enabled = False  # one operator: it may use every CPU it was given
+    ds = item_dataset(items, name=batch_id, blocks=-(-len(items) // rows))
     resources = dict(settings.batch_engine_resources)
     num_cpus, num_gpus = resources.pop("CPU", 0), resources.pop("GPU", 0)
     ds = ds.map_batches(

@@ -17,6 +17,7 @@ import orjson
 from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import load_tokenizer, parse_model_source
 from openft.errors import InvalidRequest
+from pipelines._items import item_dataset
 from pipelines.validate import FileValidationError, check_line
 from pipelines.render import check_preference_row_for_base, check_row_for_base, render_preference_row, render_row
 from storage.objects import open_object_store
@@ -97,16 +98,11 @@ def check_file_for_base(
         for line_no, line in enumerate(lines, start=1):
             check_line_for_base(line, line_no, row_kind, base, tokenizer, param)
         return
-    import ray
-
     from pipelines.validate_ray import block_ranges
 
     ranges = block_ranges(store, key, 0, size, block_bytes)
     items = [{"index": i, "start": s, "stop": e} for i, (s, e) in enumerate(ranges)]
-    ds = ray.data.from_items(items, override_num_blocks=len(items))
-    ds.context.op_resource_reservation_enabled = False
-    ds.context.enable_progress_bars = False
-    ds.set_name(name)
+    ds = item_dataset(items, name=name)
     results = sorted(
         ds.map(_check_range, fn_kwargs={
             "store_spec": tuple(store_spec), "key": key, "row_kind": row_kind, "base_id": base.id,

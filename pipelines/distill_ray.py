@@ -36,10 +36,10 @@ from typing import Any, Iterator
 
 import orjson
 import pyarrow as pa
-import ray
 from ray.data.context import ShuffleStrategy
 
 from pipelines._batch_lines import BadLine, Prompt, Unconvertible, parse_request, parse_result
+from pipelines._items import item_dataset
 from pipelines.distill import (
     REASONS,
     REQUESTS,
@@ -243,12 +243,9 @@ def build_distill(
     ]
     store.delete_prefix(shard_prefix)  # what a crashed run left
     try:
-        ds = ray.data.from_items(items, override_num_blocks=len(items))
-        # With reservation on, the default allocator keeps CPUs back for operators that are not
-        # running yet; the read and the join run one after the other around the shuffle.
-        ds.context.op_resource_reservation_enabled = False
+        # Reservation off (pipelines/_items.py): the read and the join run one after the other around the shuffle.
+        ds = item_dataset(items, name=name)
         ds.context.shuffle_strategy = ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
-        ds.set_name(name)
         if max_cpus is not None:
             ds.context.execution_options.resource_limits = ds.context.execution_options.resource_limits.copy(
                 cpu=max_cpus

@@ -43,6 +43,7 @@ import pyarrow.parquet as pq
 from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import ModelSource, load_tokenizer
 from openft.errors import InvalidRequest, TrainingError
+from pipelines._items import item_dataset
 from pipelines.render import render_preference_row, render_row
 from storage import keys
 
@@ -323,8 +324,6 @@ def build_tokenized(
     Raises TrainingError: `invalid_row` / `template_mismatch` for the first row that cannot be
     tokenized, `context_too_long` when no row keeps a trained token within `max_seq_length`.
     """
-    import ray
-
     from pipelines.validate_ray import block_ranges
     from storage.objects import open_object_store
 
@@ -347,9 +346,7 @@ def build_tokenized(
                          cache_root=str(cache_root), max_seq_length=max_seq_length, method=method)
         results = []
         if items:
-            ds = ray.data.from_items(items, override_num_blocks=len(items))
-            ds.context.op_resource_reservation_enabled = False  # see validate_ray.py: one operator, all CPUs
-            ds.set_name(name)
+            ds = item_dataset(items, name=name)
             results = sorted(ds.map(_tokenize_range, fn_kwargs=fn_kwargs).take_all(), key=lambda r: r["index"])
         failed = [r for r in results if r["error_code"]]
         if failed:
@@ -392,13 +389,11 @@ def _read_shards(batch: pa.Table, *, store_spec: tuple) -> pa.Table:
 def tokenized_dataset(store_spec: tuple, prefix: str, *, name: str | None = None):
     """The shards under `prefix` as a Ray Data dataset (for TorchTrainer `datasets=`), named `name`
     on the Ray dashboard."""
-    import ray
-
     from storage.objects import open_object_store
 
     ref = load_ref(open_object_store(*store_spec), prefix)
     items = [{"key": key} for key in ref.shards]
-    ds = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    ds = ds.map_batches(_read_shards, batch_size=1, batch_format="pyarrow", fn_kwargs={"store_spec": tuple(store_spec)})
-    ds.set_name(name)
+    ds = item_dataset(items, name=name).map_batches(_read_shards, batch_size=1, batch_format="pyarrow",
+                                                    fn_kwargs={"store_spec": tuple(store_spec)})
+    ds.set_name(name)  # the dashboard lists the dataset Train reads under the job's name
     return ds

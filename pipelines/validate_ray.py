@@ -19,6 +19,7 @@ from typing import Any
 import ray
 
 from openft.limits import FINE_TUNE_FILE_BYTES
+from pipelines._items import item_dataset
 from pipelines._rows import FileValidationError
 from pipelines.validate import BlockResult, FileStats, Tally, file_too_large, scan_lines
 from storage.objects import ObjectStore, open_object_store
@@ -106,12 +107,7 @@ def build_validation(
     tally = Tally(head_stats, start_line)
     if ranges:
         items = [{"index": i, "start": s, "stop": e} for i, (s, e) in enumerate(ranges)]
-        ds = ray.data.from_items(items, override_num_blocks=len(items))
-        # The default allocator keeps half of the CPUs in reserve for other operators; this job has
-        # one, and with reservation on it ran one task at a time on a 2-CPU node (2x slower).
-        ds.context.op_resource_reservation_enabled = False
-        ds.context.enable_progress_bars = False  # a server-side job: bars only cost the driver CPU
-        ds.set_name(name)
+        ds = item_dataset(items, name=name)
         fn_kwargs = {"store_spec": tuple(store_spec), "key": key, "purpose": purpose}
         rows = ds.map(_scan_range, fn_kwargs=fn_kwargs).take_all()
         for row in sorted(rows, key=lambda r: r["index"]):

@@ -431,7 +431,7 @@ def test_the_tests_page_names_every_test_target_and_what_ci_runs():
 
 
 def test_the_tests_pages_ci_report_is_what_the_report_prints(tmp_path):
-    (tmp_path / "times").write_text("test 0 534\ntest-cluster 2 371\n")
+    (tmp_path / "times").write_text("test 0 534\ninstall-suites 0 130 beside\ntest-cluster 2 371\n")
     case = '<testcase classname="{}" name="{}" time="{}"/>'.format
     (tmp_path / "test.xml").write_text(
         "<testsuites><testsuite>"

@@ -16,8 +16,10 @@ No receiver can slow another account's deliveries (issue 24):
   receiver that trickles its headers a byte at a time is cut off at the deadline like one that
   never answers.
 - The deliverer keeps up to `webhook_concurrency` attempts in flight and claims more as soon as
-  one ends; it never waits for a round to finish. An endpoint (by URL) has at most
-  `webhook_endpoint_concurrency` of them: what it claims past that waits for the endpoint's turn,
+  one ends; it never waits for a round to finish. An endpoint has at most
+  `webhook_endpoint_concurrency` of them, counted by the URL's origin (scheme, host, port:
+  `turn_key`), so that one receiver registered under many paths or query strings still gets one
+  endpoint's turns: what it claims past that waits for the endpoint's turn,
   as long as its lease leaves time for a whole attempt; what would not is left to lapse and is
   claimed again later, so a slow endpoint's backlog never holds the pool.
 - An attempt whose answer comes after its lease lapsed is recorded `lost` (with the status it
@@ -43,6 +45,7 @@ from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from ipaddress import ip_address
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -187,16 +190,24 @@ async def attempt(db: Database, settings: Settings, box: SecretBox, claim: Claim
     return answer
 
 
+def turn_key(url: str) -> str:
+    """What an endpoint's turns are counted by: the URL's origin. Paths, query strings, user info
+    and the host's letter case all reach the same receiver, so none of them buys more turns."""
+    parts = urlsplit(url)
+    port = parts.port or {"https": 443, "http": 80}.get(parts.scheme.lower())
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').rstrip('.')}:{port}"
+
+
 class Deliverer:
     """The attempts in flight of one deliverer: at most `webhook_concurrency`, at most
-    `webhook_endpoint_concurrency` per endpoint URL; claims that wait for their endpoint's turn are
+    `webhook_endpoint_concurrency` per endpoint origin (`turn_key`); claims that wait for their endpoint's turn are
     `held` (see the module docstring)."""
 
     def __init__(self, db: Database, settings: Settings, owner: str):
         self.db, self.settings, self.owner = db, settings, owner
         self.box = SecretBox(settings)
         self.running: set[asyncio.Task] = set()
-        self.per_url: Counter[str] = Counter()
+        self.per_origin: Counter[str] = Counter()
         self.held: dict[str, deque[Claim]] = {}
         self.changed = asyncio.Event()
         per_endpoint = settings.webhook_endpoint_concurrency
@@ -207,15 +218,15 @@ class Deliverer:
         return self.settings.webhook_concurrency - len(self.running)
 
     def place(self, claim: Claim) -> None:
-        url = claim.due.url
-        if self.per_url[url] < self.settings.webhook_endpoint_concurrency and self.free() > 0:
+        origin = turn_key(claim.due.url)
+        if self.per_origin[origin] < self.settings.webhook_endpoint_concurrency and self.free() > 0:
             self._start(claim)
-        elif len(queue := self.held.setdefault(url, deque())) < self.hold_cap:
+        elif len(queue := self.held.setdefault(origin, deque())) < self.hold_cap:
             queue.append(claim)
         # else: left to lapse; claimed again once its lease has
 
     def _start(self, claim: Claim) -> None:
-        self.per_url[claim.due.url] += 1
+        self.per_origin[turn_key(claim.due.url)] += 1
         task = asyncio.create_task(self._run(claim))
         self.running.add(task)
 
@@ -226,19 +237,19 @@ class Deliverer:
             log.error("webhook attempt failed: %s", type(exc).__name__)
         finally:
             self.running.discard(asyncio.current_task())
-            self.per_url[claim.due.url] -= 1
+            self.per_origin[turn_key(claim.due.url)] -= 1
             self._start_held()
             self.changed.set()
 
     def _start_held(self) -> None:
         """Start what waits for an endpoint that has a free turn, while the pool has room."""
-        for url, queue in list(self.held.items()):
-            while queue and self.free() > 0 and self.per_url[url] < self.settings.webhook_endpoint_concurrency:
+        for origin, queue in list(self.held.items()):
+            while queue and self.free() > 0 and self.per_origin[origin] < self.settings.webhook_endpoint_concurrency:
                 claim = queue.popleft()
                 if claim.lease_until - time.time() > self.settings.webhook_timeout_seconds:
                     self._start(claim)
             if not queue:
-                del self.held[url]
+                del self.held[origin]
 
     async def fill(self) -> int:
         """Claim as many as the pool has room for and place them; returns how many were claimed."""

@@ -1,6 +1,6 @@
 """No receiver can slow another account's deliveries (issue 24), with the real deliverer thread
 (webhooks/delivery.py) on PostgreSQL: a receiver that trickles its answer a byte at a time holds
-its endpoint's turns and no more, is cut off at the attempt's total deadline, and another account's
+its endpoint's turns and no more (however many paths it is registered under), is cut off at the attempt's total deadline, and another account's
 delivery still arrives within 2 s; an attempt whose answer comes after its lease lapsed is recorded
 `lost`, never `delivered`; `test` has the same total deadline."""
 
@@ -51,14 +51,16 @@ def test_a_trickling_receiver_delays_no_other_accounts_delivery(postgres, receiv
     hooks = Hooks(*postgres(webhook_timeout_seconds=DEADLINE_S, **LOOPBACK_RECEIVERS))
     a, b = hooks.account(), hooks.account()
     slow, fast = trickler(interval_s=0.5), receivers()
+    # The same receiver under a second path and a query string: still one endpoint's two turns.
     hooks.endpoint(a, slow.url, ["batch.completed"])
+    hooks.endpoint(a, slow.url.rstrip("/") + "/again?x=1", ["batch.completed"])
     theirs = hooks.endpoint(b, fast.url, ["batch.completed"])
     fast.secret = theirs.signing_secret
     stop = threading.Event()
     thread = start_deliverer(hooks.db, hooks.settings, "ctl-iso.w", stop)
     try:
         baseline = _delay(hooks, b, fast, 1)  # b's delivery with nobody else's in flight
-        slow_ids = _enqueue(hooks, a, "batch.completed", 4)  # more than the endpoint's two turns
+        slow_ids = _enqueue(hooks, a, "batch.completed", 2)  # 4 deliveries (2 URLs): more than the endpoint's 2 turns
         until(lambda: slow.open == 2, "the trickling receiver holding its two turns", timeout=30, interval=0.02)
         delay = _delay(hooks, b, fast, 2)
         print(f"\nwebhook isolation: another account's delivery arrived {delay:.3f} s after its event while a "
@@ -120,3 +122,12 @@ def test_a_test_event_has_the_same_total_deadline(tmp_path, trickler):
     [(status, code, param, took)] = outcome
     assert (status, code, param) == (502, "endpoint_unreachable", "webhook_endpoint_id") and took < 3, took
     hooks.db.dispose()
+
+
+def test_an_endpoints_turns_are_counted_by_its_origin():
+    from webhooks.delivery import turn_key
+
+    same = ["https://Hooks.Example.com/a", "https://hooks.example.com:443/b?x=1", "https://u:p@hooks.example.com./c#f"]
+    assert {turn_key(url) for url in same} == {"https://hooks.example.com:443"}
+    assert len({turn_key(url) for url in ("http://hooks.example.com/a", "https://hooks.example.com/a",
+                                          "https://hooks.example.com:8443/a", "https://other.example.com/a")}) == 4
