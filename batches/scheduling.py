@@ -51,7 +51,7 @@ def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[
         leases.lock_scheduler(session)
         # Counted before the closes are leased: closing a batch that never ran takes no capacity.
         # Eval runs sample on the batch engine: they count against the same cap (evals/scheduling.py).
-        room = min(settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session), fit(session))
+        room = settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session)
         closable = session.scalars(select(Batch).where(
             Batch.lease_owner.is_(None),
             or_(Batch.status == "cancelling",
@@ -67,7 +67,9 @@ def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[
         waiting = session.scalars(select(Batch.id).where(
             Batch.lease_owner.is_(None), Batch.status.in_(transitions.RUNNABLE), Batch.expires_at > now)
             .order_by(Batch.created_ns).limit(int(min(room, 1000)))).all()
-        for batch_id in waiting:
+        # What the cluster holds is asked only when a batch waits: `fit` asks Ray's GCS, the
+        # dearest part of an idle pass.
+        for batch_id in waiting[:max(0, int(min(room, fit(session))))] if waiting else ():
             owner = new_owner()
             if transitions.claim(session, batch_id, now, owner=owner, lease_s=lease_s).ok:
                 claims.append(Claim(batch_id, owner, None))

@@ -41,10 +41,10 @@ def claim_runs(db: Database, now: int, *, settings: Settings, fit: Callable[[obj
     claims: list[Claim] = []
     with db.session() as session:
         leases.lock_scheduler(session)
-        room = min(settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session), fit(session))
-        if room <= 0:
-            return claims
-        for run_id in waiting_runs(session, int(min(room, 1000))):
+        room = settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session)
+        waiting = waiting_runs(session, int(min(room, 1000))) if room > 0 else ()
+        # The cluster is asked (`fit`: Ray's GCS, the dearest part of an idle pass) only when a run waits.
+        for run_id in waiting[:max(0, int(min(room, fit(session))))] if waiting else ():
             owner = new_owner()
             if transitions.claim(session, run_id, now, owner=owner, lease_s=int(settings.run_lease_seconds)).ok:
                 claims.append(Claim(run_id, owner))

@@ -203,15 +203,17 @@ def start_runs(db: Database, now: int, *, settings: Settings, fit: float | Calla
     started: list[Started] = []
     with db.session() as session:
         leases.lock_scheduler(session)
+        queued = session.execute(
+            select(Job.id, Job.account_id, Job.reason)
+            .where(Job.status == "queued", Job.lease_owner.is_(None)).order_by(Job.created_ns)
+        ).all()
+        if not queued:  # most passes: `fit` asks Ray's GCS, the dearest part of an idle pass
+            return started
         if callable(fit):  # what fits beside the batches leased now (issue 13)
             fit = fit(session)
         leased = session.scalars(select(Job.account_id).where(transitions.RUN.held())).all()
         room = min(settings.max_concurrent_runs, fit) - len(leased)
         busy = set(leased)
-        queued = session.execute(
-            select(Job.id, Job.account_id, Job.reason)
-            .where(Job.status == "queued", Job.lease_owner.is_(None)).order_by(Job.created_ns)
-        ).all()
         for job_id, account_id, reason in queued:
             if account_id in busy:
                 continue
