@@ -369,11 +369,14 @@ def test_dashboard_shows_evals_their_runs_and_two_runs_compared(people_service, 
             if m.type == "error" and not m.location["url"].endswith("/favicon.ico") else None)
     page.on("pageerror", lambda e: problems.append(str(e)))
     page.on("dialog", lambda d: problems.append(f"a dialog opened: {d.message}"))
+    theirs = people_service.client(people_service.new_key()).evals.create(
+        name="theirs", data_source_config=EVAL_CONFIG, testing_criteria=CRITERIA[:1])
     sign_in(page, url, key)
     page.get_by_role("navigation").get_by_role("link", name="Evals").click()
     page.get_by_role("link", name=made.id).wait_for()
     when = page.evaluate("t => new Date(t * 1000).toLocaleString()", made.created_at)
     assert row_cells(page, made.id, "Your evals") == [made.id, made.name, "2", when]
+    assert page.locator("main tbody tr").count() == 1 and page.get_by_text(theirs.id).count() == 0
     assert_sane(page)
     page.screenshot(path=str(artifacts / "dashboard-evals.png"), full_page=True)
 
@@ -436,5 +439,10 @@ def test_dashboard_shows_evals_their_runs_and_two_runs_compared(people_service, 
     assert f"{len(cmp['changed'])} of the items both runs graded changed." in section_text(page, "h-changed")
     assert_sane(page)
     page.screenshot(path=str(artifacts / "dashboard-eval-compare.png"), full_page=True)
-    assert problems == []
+
+    # Another account's eval by its URL: not found, as the API answers this key.
+    page.goto(f"{url}/#/evals/{theirs.id}")
+    page.get_by_role("alert").filter(has_text="Not found").wait_for()
+    assert page.get_by_text("theirs").count() == 0
+    assert [p for p in problems if "404" not in p] == []  # the browser logs the refused request itself
     page.close()

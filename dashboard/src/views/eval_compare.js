@@ -4,9 +4,8 @@
 import { get } from "../api.js";
 import { h, pct, replace, score, section, statusBadge, table } from "../dom.js";
 import { counts } from "./evals.js";
-import { usageTable } from "./eval_run.js";
+import { ENDED, usageTable } from "./eval_run.js";
 
-const ENDED = new Set(["completed", "failed", "canceled"]);
 const SIDES = ["before", "after"];
 
 /** The change in pass rate in percentage points, signed ("+66.7 pts"). */

@@ -5,7 +5,7 @@ import { get } from "../api.js";
 import { button, facts, h, num, pct, replace, score, section, statusBadge, table, when } from "../dom.js";
 import { counts } from "./evals.js";
 
-const ENDED = new Set(["completed", "failed", "canceled"]);
+export const ENDED = new Set(["completed", "failed", "canceled"]); // a run's statuses that stay
 export const PAGE = 20;
 
 /** What the sampled model answered (its output messages' text), or why there is no sample. */
