@@ -25,9 +25,12 @@ export function usageTable(caption, rows, empty) {
 /** The output items a page at a time: `after` cursors of the pages seen, the last one on screen. */
 function itemPages(path, body) {
   const cursors = [null];
+  let latest = 0; // a refresh that started before a click on the pager must not put the old page back
   const show = async () => {
+    const mine = ++latest;
     const after = cursors[cursors.length - 1];
     const page = await get(`${path}?limit=${PAGE}${after ? `&after=${encodeURIComponent(after)}` : ""}`);
+    if (mine !== latest) return;
     const first = (cursors.length - 1) * PAGE + 1;
     const pager = h("div", { class: "actions pager" },
       button("Previous items", () => { cursors.pop(); return show(); }, "previous", { disabled: cursors.length === 1 }),
