@@ -21,6 +21,15 @@ export function h(tag, attrs = {}, ...children) {
 export const when = (unix) => (unix ? new Date(unix * 1000).toLocaleString() : "—");
 export const num = (n) => (n == null ? "—" : Number(n).toLocaleString());
 export const usd = (n) => (n == null ? "—" : `$${Number(n).toFixed(2)}`);
+/** A fraction (an eval's pass rate) as a percentage with one decimal. */
+export const pct = (x) => (x == null ? "—" : `${(x * 100).toFixed(1)}%`);
+/** A grader's score (0 to 1 for most, a model grader's range for others) to three decimals. */
+export const score = (x) => (x == null ? "—" : Number(x).toFixed(3));
+
+/** A page's section, named by its heading (the browser tests read sections by that id). */
+export function section(title, id, ...children) {
+  return h("section", { "aria-labelledby": id }, h("h2", { id }, title), ...children);
+}
 
 export function statusBadge(status) {
   return h("span", { class: `badge s-${status}`, "data-status": status }, status.replace("_", " "));

@@ -1,9 +1,13 @@
-// The dashboard's shell: sign-in, hash routes (#/jobs, #/jobs/<id>, #/files, #/models, #/batches, #/playground),
+// The dashboard's shell: sign-in, hash routes (#/jobs, #/jobs/<id>, #/files, #/models, #/batches, #/evals and an
+// eval's pages: #/evals/<id>, its runs #/evals/<id>/runs/<run_id>, two compared #/evals/<id>/compare/<a>/<b>, #/playground),
 // and the refresh loop each view runs while it is on screen.
 import "./style.css";
 import { ApiError, get, session } from "./api.js";
 import { h, say } from "./dom.js";
 import { batchesView } from "./views/batches.js";
+import { compareView } from "./views/eval_compare.js";
+import { runView } from "./views/eval_run.js";
+import { evalView, evalsView } from "./views/evals.js";
 import { filesView } from "./views/files.js";
 import { jobView } from "./views/job.js";
 import { jobsView } from "./views/jobs.js";
@@ -23,6 +27,10 @@ const routes = [
   [/^#\/files$/, filesView],
   [/^#\/models$/, modelsView],
   [/^#\/batches$/, batchesView],
+  [/^#\/evals\/(eval_\w+)\/runs\/(evalrun_\w+)$/, runView],
+  [/^#\/evals\/(eval_\w+)\/compare\/(evalrun_\w+)\/(evalrun_\w+)$/, compareView],
+  [/^#\/evals\/(eval_\w+)$/, evalView],
+  [/^#\/evals$/, evalsView],
   [/^#\/playground$/, playgroundView],
 ];
 

@@ -2,9 +2,10 @@
 the suite's one `openft serve`: a wrong key is refused on the page, the right one signs in, a small
 stand-in job is followed to `succeeded` with its loss chart holding one point per reported step,
 the sections are reached by keyboard, an unreachable API is said, and another account's objects
-never appear. Every section of every page is read as a person reads it (its visible text) against
-the API's values, so a page that renders nonsense ("[object HTMLElement]") fails; a screenshot of
-each page goes to build/e2e/."""
+never appear; an eval's pages (the list, the eval with its runs, each run's page with its output
+items a page at a time, two runs compared) show what the API answers. Every section of every page
+is read as a person reads it (its visible text) against the API's values, so a page that renders
+nonsense ("[object HTMLElement]") fails; a screenshot of each page goes to build/e2e/."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import httpx
 import pytest
 
 from openft.demo_data import ticket_splits, tickets_jsonl
+from tests.utils.polling import until
 
 pytestmark = pytest.mark.e2e
 
@@ -124,12 +126,12 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.textContent") == "Skip to content"
     names = []
-    for _ in range(6):
+    for _ in range(7):
         page.keyboard.press("Tab")
         names.append(page.evaluate("document.activeElement.textContent"))
-    assert names == ["Jobs", "Files", "Models", "Batches", "Playground", "Sign out"]
+    assert names == ["Jobs", "Files", "Models", "Batches", "Evals", "Playground", "Sign out"]
     assert page.evaluate("getComputedStyle(document.activeElement).outlineStyle") != "none"  # focus is visible
-    for _ in range(4):
+    for _ in range(5):
         page.keyboard.press("Shift+Tab")
     page.keyboard.press("Enter")  # Files
     row = page.get_by_role("row").filter(has=page.get_by_text(file.id))
@@ -291,3 +293,156 @@ def test_the_playground_streams_a_fine_tune_beside_its_base(people_service, tick
     assert problems == [] and "Refused" not in page.locator(".panels").inner_text()
     assert_sane(page)
     page.screenshot(path=str(artifacts / "dashboard-playground.png"), full_page=True)
+
+
+# -- evals: the list, an eval with its runs, each run's page, two runs compared (issue 25 item 6) --
+EVAL_CONFIG = {"type": "custom", "include_sample_schema": True, "item_schema": {
+    "type": "object", "properties": {"question": {"type": "string"}, "answer": {"type": "string"}}}}
+CRITERIA = [{"type": "string_check", "name": name, "input": "{{sample.output_text}}", "reference": "{{item.answer}}",
+             "operation": op} for name, op in (("exact", "eq"), ("any_case", "ilike"))]
+# Markup in an item is the account's data: the pages must show it as text.
+QUESTIONS = [f"<img src=x onerror=alert(1)> question {i}" for i in range(25)]
+
+
+def eval_samples(i: int, after: bool) -> str:
+    """Before: right on every fourth item. After: right on all but every fifth, which it shouts
+    (fails `exact`, passes `any_case`): items 0 and 20 go pass → fail, most others fail → pass."""
+    if not after:
+        return f"answer-{i}" if i % 4 == 0 else "no idea"
+    return f"ANSWER-{i}" if i % 5 == 0 else f"answer-{i}"
+
+
+def pct(x) -> str:  # dom.js pct
+    return "—" if x is None else f"{x * 100:.1f}%"
+
+
+def score(x) -> str:  # dom.js score
+    return "—" if x is None else f"{x:.3f}"
+
+
+def run_counts(c) -> str:  # views/evals.js counts
+    return f"{c['passed']} passed, {c['failed']} failed, {c['errored']} errored of {c['total']}"
+
+
+def table_rows(page, section: str) -> list[list[str]]:
+    """The visible cells of each body row of the tables in a section."""
+    return page.evaluate("""s => [...document.querySelectorAll(`section[aria-labelledby=${s}] tbody tr`)]
+        .map(tr => [...tr.cells].map(td => td.innerText.trim()))""", section)
+
+
+def item_row(o: dict) -> list[str]:
+    """An output item's row on the run page, from the API's item."""
+    text = "\n".join(m["content"] for m in o["sample"]["output"])
+    grades = "\n".join(f"{r['name']}: {score(r['score'])} {'pass' if r['passed'] else 'fail'}"
+                       + (f" ({r['reason']})" if r.get("reason") else "") for r in o["results"])
+    return [str(o["datasource_item_id"]), o["status"], json.dumps(o["datasource_item"], separators=(",", ":"), ensure_ascii=False), text, grades]
+
+
+def test_dashboard_shows_evals_their_runs_and_two_runs_compared(people_service, browser, artifacts):
+    key = people_service.new_key()
+    client = people_service.client(key)
+    made = client.evals.create(name="capitals, shouted", data_source_config=EVAL_CONFIG, testing_criteria=CRITERIA)
+    runs = []
+    for name, after in (("before", False), ("after", True)):
+        content = [{"item": {"question": q, "answer": f"answer-{i}"}, "sample": {"output_text": eval_samples(i, after)}}
+                   for i, q in enumerate(QUESTIONS)]
+        runs.append(client.evals.runs.create(made.id, name=name, data_source={
+            "type": "jsonl", "source": {"type": "file_content", "content": content}}).id)
+
+    def finished(run_id):
+        run = client.evals.runs.retrieve(run_id, eval_id=made.id)
+        return run if run.status in ("completed", "failed", "canceled") else None
+
+    ended = [until(lambda r=r: finished(r), f"run {r}'s end", 120, interval=0.3) for r in runs]
+    assert [r.status for r in ended] == ["completed", "completed"], [r.error for r in ended]
+    api_runs = [r.model_dump() for r in ended]
+    api_items = [[o.model_dump() for o in client.evals.runs.output_items.list(r, eval_id=made.id, limit=100)] for r in runs]
+    cmp = client.get(f"/gridline/evals/{made.id}/compare", cast_to=object,
+                     options={"params": {"run_id": runs[0], "other_run_id": runs[1]}})
+    assert [c["datasource_item_id"] for c in cmp["changed"]][:3] == [0, 1, 2]  # the data changes what it should
+
+    url = people_service.base_url.removesuffix("/v1") + "/dashboard"
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []  # script errors, CSP violations, failed requests; an item's markup run as script opens a dialog
+    # Chromium asks the server's root for /favicon.ico, which the page never names: its 404 is not the page's.
+    page.on("console", lambda m: problems.append(m.text)
+            if m.type == "error" and not m.location["url"].endswith("/favicon.ico") else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    page.on("dialog", lambda d: problems.append(f"a dialog opened: {d.message}"))
+    theirs = people_service.client(people_service.new_key()).evals.create(
+        name="theirs", data_source_config=EVAL_CONFIG, testing_criteria=CRITERIA[:1])
+    sign_in(page, url, key)
+    page.get_by_role("navigation").get_by_role("link", name="Evals").click()
+    page.get_by_role("link", name=made.id).wait_for()
+    when = page.evaluate("t => new Date(t * 1000).toLocaleString()", made.created_at)
+    assert row_cells(page, made.id, "Your evals") == [made.id, made.name, "2", when]
+    assert page.locator("main tbody tr").count() == 1 and page.get_by_text(theirs.id).count() == 0
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-evals.png"), full_page=True)
+
+    # The eval: its facts, criteria, and runs (newest first) as the API has them.
+    page.get_by_role("link", name=made.id).click()
+    page.get_by_role("link", name=runs[0]).wait_for()
+    assert read_facts(page, "h-summary")["name"] == made.name
+    assert table_rows(page, "h-criteria") == [[c["name"], "string_check", f"{{{{sample.output_text}}}} {c['operation']} "
+                                               "{{item.answer}}"] for c in CRITERIA]
+    runs_shown = table_rows(page, "h-runs")
+    assert [r[:5] for r in runs_shown] == [[r["id"], r["name"], "completed", "— (jsonl: samples given)",
+                                            run_counts(r["result_counts"])] for r in reversed(api_runs)]
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-eval.png"), full_page=True)
+
+    # Each run's page: every section against the run, every output item against the API's, a page at a time.
+    for run, items in zip(api_runs, api_items):
+        page.goto(f"{url}/#/evals/{made.id}/runs/{run['id']}")  # the run's report_url
+        assert run["report_url"].endswith(f"/dashboard/#/evals/{made.id}/runs/{run['id']}")
+        # A hash change keeps the document: wait for this run's heading, not the last page's.
+        page.locator("h1", has_text=f"Run {run['name']} ").locator('[data-status="completed"]').wait_for()
+        page.locator("section[aria-labelledby=h-items] tbody tr").first.wait_for()
+        assert read_facts(page, "h-results") == {k: str(v) for k, v in run["result_counts"].items()}
+        assert table_rows(page, "h-criteria") == [[c["testing_criteria"], str(c["passed"]), str(c["failed"]),
+                                                   pct(c["passed"] / (c["passed"] + c["failed"]))]
+                                                  for c in run["per_testing_criteria_results"]]
+        assert run["per_model_usage"] == [] and "No model calls" in section_text(page, "h-usage")
+        assert table_rows(page, "h-items") == [item_row(o) for o in items[:20]]
+        assert "Items 1–20" in section_text(page, "h-items") and "<img src=x" in section_text(page, "h-items")
+        assert page.locator("main img").count() == 0
+        assert_sane(page)
+        page.screenshot(path=str(artifacts / f"dashboard-eval-run-{run['name']}.png"), full_page=True)
+        page.get_by_role("button", name="Next items").click()
+        page.get_by_text("Items 21–25").wait_for()
+        assert table_rows(page, "h-items") == [item_row(o) for o in items[20:]]
+        assert page.get_by_role("button", name="Next items").is_disabled()
+        page.get_by_role("button", name="Previous items").click()
+        page.get_by_text("Items 1–20").wait_for()
+
+    # Pick the two runs on the eval's page and open the comparison.
+    page.goto(f"{url}/#/evals/{made.id}")
+    page.get_by_label("Before", exact=True).select_option(runs[0])
+    page.get_by_label("After", exact=True).select_option(runs[1])
+    page.get_by_role("button", name="Compare the two runs").click()
+    page.wait_for_url(f"**/#/evals/{made.id}/compare/{runs[0]}/{runs[1]}")
+    page.locator("section[aria-labelledby=h-changed] tbody tr").first.wait_for()
+    assert table_rows(page, "h-runs") == [[side, r["id"], "— (samples given)", r["status"], run_counts(r["result_counts"])]
+                                         for side, r in zip(("before", "after"), cmp["runs"])]
+    a, b = (r["criteria"] for r in cmp["runs"])
+    change = lambda x, y: f"{'+' if y >= x else '−'}{abs(y - x) * 100:.1f} pts"  # noqa: E731
+    assert table_rows(page, "h-criteria") == [
+        [ca["name"], pct(ca["pass_rate"]), pct(cb["pass_rate"]), change(ca["pass_rate"], cb["pass_rate"]),
+         score(ca["mean_score"]), score(cb["mean_score"]), f"{ca['graded']} / {cb['graded']}"] for ca, cb in zip(a, b)]
+    assert section_text(page, "h-usage").count("No model calls") == 2
+    grade = lambda g: f"{score(g['score'])} {'pass' if g['passed'] else 'fail'}"  # noqa: E731
+    assert table_rows(page, "h-changed") == [
+        [str(c["datasource_item_id"]), c["before"], c["after"],
+         "\n".join(f"{n}: {grade(g['before'])} → {grade(g['after'])}" for n, g in c["criteria"].items()),
+         json.dumps(c["datasource_item"], separators=(",", ":"), ensure_ascii=False)] for c in cmp["changed"]]
+    assert f"{len(cmp['changed'])} of the items both runs graded changed." in section_text(page, "h-changed")
+    assert_sane(page)
+    page.screenshot(path=str(artifacts / "dashboard-eval-compare.png"), full_page=True)
+
+    # Another account's eval by its URL: not found, as the API answers this key.
+    page.goto(f"{url}/#/evals/{theirs.id}")
+    page.get_by_role("alert").filter(has_text="Not found").wait_for()
+    assert page.get_by_text("theirs").count() == 0
+    assert [p for p in problems if "404" not in p] == []  # the browser logs the refused request itself
+    page.close()

@@ -1,7 +1,7 @@
 // One job: its facts, quote and charge, the loss chart, the event log (new events fetched as they
 // arrive, newest first), its checkpoints with adapter downloads, and its result.
 import { all, download, get } from "../api.js";
-import { button, facts, h, num, replace, statusBadge, table, usd, when } from "../dom.js";
+import { button, facts, h, num, replace, section, statusBadge, table, usd, when } from "../dom.js";
 import { evalPoints, lossChart, trainPoints } from "../loss_chart.js";
 import { notServable } from "./jobs.js";
 
@@ -25,10 +25,6 @@ async function newEvents(jobId, known) {
     if (!page.has_more || unseen.length < page.data.length || !page.data.length) return [...fresh, ...known];
     after = page.data[page.data.length - 1].id;
   }
-}
-
-function section(title, id, ...children) {
-  return h("section", { "aria-labelledby": id }, h("h2", { id }, title), ...children);
 }
 
 export function jobView(root, { live, params: [jobId] }) {
