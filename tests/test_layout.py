@@ -67,6 +67,15 @@ def test_every_package_is_on_a_floor():
     assert not unplaced, f"packages on no floor of FLOORS: {unplaced}; say where each sits"
 
 
+def test_every_package_is_installed():
+    """An installed service (`pip install`, `make demo` from any directory) imports only the packages
+    pyproject.toml lists: a package left out works in the checkout's root and nowhere else."""
+    listed = re.search(r"^include = \[(.*)\]$", (ROOT / "pyproject.toml").read_text(), re.M)
+    installed = {name.strip().strip('"').rstrip("*") for name in listed[1].split(",")}
+    missing = sorted(set(PACKAGES) - installed)
+    assert not missing, f"packages pyproject.toml does not install: {missing}"
+
+
 def arrows_up(package: str, tree: ast.AST) -> list[str]:
     """The imports of a module of `package` that reach its own floor or one above."""
     targets = {name.split(".")[0] for name in imported(tree)}
