@@ -43,6 +43,18 @@ def reconcile(db: Database, now: int, *, alive: Iterable[str], mine: str | None)
     return leases.reconcile(db, transitions.BATCH, now, alive=alive, mine=mine, lose=lose)
 
 
+def engine_room(session, settings: Settings) -> int:
+    """How many more batches and eval runs `max_concurrent_batches` allows: both run on the batch
+    engine, so they count against one cap (evals/scheduling.py claims under it too)."""
+    return settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session)
+
+
+def admitted(waiting, room: int, fit: Callable[[object], float], session) -> list:
+    """The first of `waiting` that the cap's `room` and the cluster (`fit`) take. The cluster is
+    asked only when something waits: `fit` asks Ray's GCS, the dearest part of an idle pass."""
+    return list(waiting[:max(0, int(min(room, fit(session))))]) if waiting else []
+
+
 def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[object], float],
                   new_owner: Callable[[], str]) -> list[Claim]:
     claims: list[Claim] = []
@@ -51,7 +63,7 @@ def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[
         leases.lock_scheduler(session)
         # Counted before the closes are leased: closing a batch that never ran takes no capacity.
         # Eval runs sample on the batch engine: they count against the same cap (evals/scheduling.py).
-        room = settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session)
+        room = engine_room(session, settings)
         closable = session.scalars(select(Batch).where(
             Batch.lease_owner.is_(None),
             or_(Batch.status == "cancelling",
@@ -67,9 +79,7 @@ def claim_batches(db: Database, now: int, *, settings: Settings, fit: Callable[[
         waiting = session.scalars(select(Batch.id).where(
             Batch.lease_owner.is_(None), Batch.status.in_(transitions.RUNNABLE), Batch.expires_at > now)
             .order_by(Batch.created_ns).limit(int(min(room, 1000)))).all()
-        # What the cluster holds is asked only when a batch waits: `fit` asks Ray's GCS, the
-        # dearest part of an idle pass.
-        for batch_id in waiting[:max(0, int(min(room, fit(session))))] if waiting else ():
+        for batch_id in admitted(waiting, room, fit, session):
             owner = new_owner()
             if transitions.claim(session, batch_id, now, owner=owner, lease_s=lease_s).ok:
                 claims.append(Claim(batch_id, owner, None))

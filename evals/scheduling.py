@@ -13,12 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from batches import scheduling as batch_scheduling
 from evals import transitions
 from openft.settings import Settings
 from storage import leases
-from storage.batches import count_leased
 from storage.db import Database
-from storage.evals import count_leased_runs, waiting_runs
+from storage.evals import waiting_runs
 from storage.models import EvalRun
 
 
@@ -41,10 +41,9 @@ def claim_runs(db: Database, now: int, *, settings: Settings, fit: Callable[[obj
     claims: list[Claim] = []
     with db.session() as session:
         leases.lock_scheduler(session)
-        room = settings.max_concurrent_batches - count_leased(session) - count_leased_runs(session)
+        room = batch_scheduling.engine_room(session, settings)
         waiting = waiting_runs(session, int(min(room, 1000))) if room > 0 else ()
-        # The cluster is asked (`fit`: Ray's GCS, the dearest part of an idle pass) only when a run waits.
-        for run_id in waiting[:max(0, int(min(room, fit(session))))] if waiting else ():
+        for run_id in batch_scheduling.admitted(waiting, room, fit, session):
             owner = new_owner()
             if transitions.claim(session, run_id, now, owner=owner, lease_s=int(settings.run_lease_seconds)).ok:
                 claims.append(Claim(run_id, owner))
