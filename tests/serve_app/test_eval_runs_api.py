@@ -241,8 +241,9 @@ def test_cancel_keeps_what_finished_and_delete_needs_an_ended_run(driven):
     made = client.evals.create(data_source_config=CONFIG, testing_criteria=[EXACT])
     items = [{"item": {"question": f"capital number {i}?", "answer": "x"}} for i in range(8)]
     created = client.evals.runs.create(made.id, data_source=completions_source(items, max_completion_tokens=64))
-    with pytest.raises(openai.ConflictError):
+    with pytest.raises(openai.ConflictError) as going:
         client.evals.runs.delete(created.id, eval_id=made.id)
+    assert (going.value.status_code, going.value.code, going.value.param) == (409, "run_not_ended", "run_id")
     wait_run(client, made.id, created.id, statuses=("in_progress", *ENDED), timeout=60)
     canceled = client.evals.runs.cancel(created.id, eval_id=made.id)
     assert canceled.status == "canceled"
@@ -260,5 +261,10 @@ def test_cancel_keeps_what_finished_and_delete_needs_an_ended_run(driven):
     kept = items_of(client, made.id, created.id)
     assert run.status == "canceled" and run.result_counts.total == len(kept) < len(items)
     assert all(k.sample.output for k in kept)  # only items that finished are kept (tests/evals: kept after a cancel)
+    assert _events(api, created.id) == ["eval.run.canceled"]
+    with pytest.raises(openai.ConflictError) as ended:  # an ended run cannot be canceled again, and is left as it is
+        client.evals.runs.cancel(created.id, eval_id=made.id)
+    assert (ended.value.status_code, ended.value.code, ended.value.param) == (409, "run_not_cancelable", "run_id")
+    assert client.evals.runs.retrieve(created.id, eval_id=made.id).status == "canceled"
     assert _events(api, created.id) == ["eval.run.canceled"]
     assert client.evals.runs.delete(created.id, eval_id=made.id).deleted
