@@ -31,6 +31,16 @@ _MAX_TEMP_DIR = 60
 # listed by name under the dashboard's Train tab (`/api/train/v2/runs/v1`).
 RAY_JOB_ENV = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
 
+# A local node's upkeep, read by Ray's processes from their environment at start (a node started here
+# inherits this process's; `ray start` takes them from the operator's shell). Serve's controller runs
+# its control loop every 0.1 s by default, and Ray's log monitor lists the session's log files every
+# 0.1 s to publish worker output to drivers, which this service does not read (log_to_driver is off).
+# Every 0.5 s and every 5 s instead (an idle node's CPU, before and after: bench/idle_cluster.py);
+# requests never wait on the control loop (it scales and heals deployments), and the Ray dashboard
+# reads log files itself.
+LOCAL_RAY_ENV = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.5", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
+                 "LOG_NAME_UPDATE_INTERVAL_S": "5"}
+
 
 def ray_temp_dir(settings: Settings) -> Path:
     path = settings.ray_temp_dir
@@ -74,6 +84,8 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
     # Read by each Serve proxy this cluster starts (its processes inherit the environment): request
     # heads are bounded while the proxy parses them.
     os.environ.setdefault(serve_proxy.ENV, serve_proxy.HOOK)
+    for name, value in LOCAL_RAY_ENV.items():
+        os.environ.setdefault(name, value)
     return ray.init(
         num_cpus=num_cpus,
         include_dashboard=dashboard,

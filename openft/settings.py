@@ -42,6 +42,12 @@ class Settings(BaseSettings):
         8 * 1024 * 1024, description="Uploads above this size have their remaining lines validated by a Ray Data job."
     )
     validate_block_bytes: int = Field(8 * 1024 * 1024, description="Byte range one Ray Data create-check task reads.")
+    tokenize_ray_threshold_bytes: int = Field(
+        8 * 1024 * 1024,
+        description="A job whose training and validation files are at most this size is tokenized in its run's own "
+        "process and its Train workers read the tokenized rows from the store; a larger one is tokenized by Ray Data "
+        "tasks and read through Ray Data datasets.",
+    )
     validate_range_bytes_max: int = Field(
         64 * 1024 * 1024,
         description="Largest byte range one Ray Data upload-validation task reads: the part of an upload past the inline "

@@ -1,11 +1,13 @@
 """Tokenize a job's file with its base's tokenizer: token ids, loss-mask labels, and the loss-mask report.
 
-Where it sits: after job create (render checks passed) and before training. The job controller calls
-`build_tokenized`, a Ray Data job that reads the stored JSONL in byte ranges, tokenizes each range's
-rows with the pure functions below and writes one Parquet shard per range to the object store under a
-key derived from (file sha256, base id, revision, max_seq_length, method), then a `manifest.json`
-last; a later job on the same file and settings finds the manifest and reuses the shards. The Ray
-Train workers read the shards with `tokenized_dataset` (one Ray Data task per shard).
+Where it sits: after job create (render checks passed) and before training. The job's run calls
+`build_tokenized`, which reads the stored JSONL in byte ranges, tokenizes each range's rows with the
+pure functions below and writes one Parquet shard per range to the object store under a key derived
+from (file sha256, base id, revision, max_seq_length, method), then a `manifest.json` last; a later
+job on the same file and settings finds the manifest and reuses the shards. Above the
+`tokenize_ray_threshold_bytes` setting the ranges are a Ray Data job's tasks and the Ray Train
+workers read the shards with `tokenized_dataset` (one Ray Data task per shard); at or below it the
+run tokenizes them itself and the workers read them with `read_tokenized`.
 
 Loss mask (supervised): each row is rendered with the base's chat template (`render_row`), which
 gives the char span of every message; the rendered text is encoded with `add_special_tokens=False`
@@ -316,10 +318,14 @@ def build_tokenized(
     method: str,
     *,
     block_bytes: int = 4 << 20,
+    ray_threshold_bytes: int = 0,
     name: str | None = None,
 ) -> TokenizedRef:
-    """Tokenize the stored JSONL `source_key` (or reuse an earlier run's shards). Ray must be initialised.
-    `name` names the Ray Data dataset on the Ray dashboard (`<job id> tokenize`).
+    """Tokenize the stored JSONL `source_key` (or reuse an earlier run's shards). A file larger than
+    `ray_threshold_bytes` is tokenized by a Ray Data job (Ray must be initialised), named `name` on
+    the Ray dashboard (`<job id> tokenize`); a smaller one here, range by range, with the same code:
+    a Ray Data job's fixed cost (its executor, a task process per range loading the tokenizer) was
+    most of a small file's 9 s of tokenization.
 
     Raises TrainingError: `invalid_row` / `template_mismatch` for the first row that cannot be
     tokenized, `context_too_long` when no row keeps a trained token within `max_seq_length`.
@@ -335,7 +341,8 @@ def build_tokenized(
     if store.exists(prefix + MANIFEST):
         ref = load_ref(store, prefix)
     else:
-        ranges = block_ranges(store, source_key, 0, store.size(source_key), block_bytes)
+        size = store.size(source_key)
+        ranges = block_ranges(store, source_key, 0, size, block_bytes)
         items, line = [], 1
         # Line numbers of each range's first row: one sequential read of the file (at most 64 MiB)
         # so that every error names the line as upload validation numbered it.
@@ -344,10 +351,13 @@ def build_tokenized(
             line += store.read_range(source_key, start, stop).count(b"\n")
         fn_kwargs = dict(store_spec=tuple(store_spec), key=source_key, prefix=prefix, base_id=base_id, source=source,
                          cache_root=str(cache_root), max_seq_length=max_seq_length, method=method)
-        results = []
-        if items:
+        if size <= ray_threshold_bytes:
+            results = [_tokenize_range(item, **fn_kwargs) for item in items]
+        elif items:
             ds = item_dataset(items, name=name)
             results = sorted(ds.map(_tokenize_range, fn_kwargs=fn_kwargs).take_all(), key=lambda r: r["index"])
+        else:
+            results = []
         failed = [r for r in results if r["error_code"]]
         if failed:
             raise TrainingError(failed[0]["error_code"], failed[0]["error_message"])

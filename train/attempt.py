@@ -2,7 +2,7 @@
 
 Where it sits: the worker's run supervision (worker/runs.py) builds a `RunTicket` from the job's row
 when `jobs.scheduling.start_runs` has started it, and launches it through `RayRuns` as a Ray task;
-the task runs `run_attempt` (tokenization on Ray Data, training on Ray Train through
+the task runs `run_attempt` (tokenization, on Ray Data for large files; training on Ray Train through
 train/launcher.py) and returns an `AttemptResult`. The controller registers the adapter itself.
 
 Why a task: the controller must be able to stop a run at any point, whatever it is doing (a hung
@@ -83,7 +83,8 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
     def tokenized(ref: FileRef):
         wait_while_marked(db, ref.sha256)  # the reaper may be deleting these bytes' shards
         return build_tokenized(store.spec(), ref.object_key, ref.sha256, base.id, source, settings.model_cache_dir,
-                               spec.max_seq_length, spec.method_type, name=f"{ticket.job_id} tokenize")
+                               spec.max_seq_length, spec.method_type, name=f"{ticket.job_id} tokenize",
+                               ray_threshold_bytes=settings.tokenize_ray_threshold_bytes)
 
     try:
         train_ref = tokenized(ticket.training)
@@ -105,6 +106,8 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
             checkpoint_prefix=keys.checkpoints(ticket.job_id), resume=ticket.resume,
             device="cuda" if settings.train_use_gpu else "cpu", time_limit_s=settings.job_time_limit_seconds,
             deadline=ticket.deadline,
+            ray_data_reads=any(store.size(ref.object_key) > settings.tokenize_ray_threshold_bytes
+                               for ref in (ticket.training, ticket.validation) if ref),
         )
         outcome = run_training(
             train_job, partial(DBReporter, settings, ticket.job_id, ticket.owner),

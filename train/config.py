@@ -51,6 +51,9 @@ class TrainJob:
     # from the run's start (model load, tokenization and evals included) over every attempt; None: no
     # deadline beyond `time_limit_s` of training.
     deadline: float | None = None
+    # The workers read the tokenized rows through Ray Data datasets given to Ray Train (large files),
+    # or straight from the store (pipelines/tokenize.py `read_tokenized`: small files, no Ray Data job).
+    ray_data_reads: bool = True
 
     def __post_init__(self) -> None:
         if self.method_type not in METHOD_TYPES:

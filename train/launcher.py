@@ -1,15 +1,16 @@
 """Run one training attempt as a Ray Train `TorchTrainer` and turn its end into a `TrainOutcome`.
 
 Where it sits: the job controller calls `run_training` after tokenizing (pipelines/tokenize.py);
-the worker reads the tokenized rows with `ray.train.get_dataset_shard`, runs the recipe
+the worker reads the tokenized rows (with `ray.train.get_dataset_shard` when the job's files were
+large enough for Ray Data, `TrainJob.ray_data_reads`; from the store otherwise), runs the recipe
 (train/sft.py or train/dpo.py) and returns the outcome as rank 0's return value.
 
 Decisions:
 - `num_workers` workers per job (`train_num_workers`, one GPU each on GPU nodes), data parallel
   (train/parallel.py): placed SPREAD, so they go to different nodes when there are several (Ray
   packs them on one node when it must); gloo on CPU, NCCL on GPU (Ray Train's TorchConfig picks by
-  whether the workers take GPUs). Ray Data's datasets are given whole to every worker
-  (`DataConfig(datasets_to_split=[])`) and sorted by line there, so every rank builds the same
+  whether the workers take GPUs). The rows are given whole to every worker (Ray Data's datasets
+  with `DataConfig(datasets_to_split=[])`) and sorted by line there, so every rank builds the same
   batch order from the seed alone and trains its slice of each batch.
 - Rank 0 alone writes: the worker mark, the placement-group record, checkpoints, events, metrics,
   the adapter, and the outcome that `run_training` returns (Ray Train's `return_value` is rank 0's).
@@ -55,9 +56,14 @@ def _report_pointer(key: str | None) -> None:
         ray.train.report({"checkpoint_key": key}, checkpoint=ray.train.Checkpoint.from_directory(tmp))
 
 
-def _rows(name: str) -> list[dict]:
+def _rows(job: TrainJob, name: str, prefix: str) -> list[dict]:
     import ray.train
 
+    from pipelines.tokenize import read_tokenized
+    from storage.objects import open_object_store
+
+    if not job.ray_data_reads:
+        return read_tokenized(open_object_store(*job.store_spec), prefix)
     shard = ray.train.get_dataset_shard(name)
     return sorted(shard.iter_rows(), key=lambda r: r["line"]) if shard is not None else []
 
@@ -105,9 +111,9 @@ def train_worker(config: dict) -> dict | None:
         reporter.event("Worker lost, retrying from checkpoint." if resume else "Worker lost, retrying from the start.",
                        level="warning")
         job = dataclasses.replace(job, resume=resume)
-    train_rows = [_plain(r) for r in _rows("train")]
+    train_rows = [_plain(r) for r in _rows(job, "train", job.train_prefix)]
     if job.eval_source == "validation_file":
-        eval_rows = [_plain(r) for r in _rows("eval")]
+        eval_rows = [_plain(r) for r in _rows(job, "eval", job.eval_prefix)]
     else:
         train_rows, eval_rows = split_holdout(train_rows, config["file_rows"], job.seed)
     recipe = train_sft if job.method_type == "supervised" else train_dpo
@@ -147,9 +153,11 @@ def run_training(
     from storage.objects import open_object_store
 
     store = open_object_store(*job.store_spec)
-    datasets = {"train": tokenized_dataset(job.store_spec, job.train_prefix, name=f"{job.job_id} train")}
-    if job.eval_prefix is not None:
-        datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix, name=f"{job.job_id} eval")
+    datasets = None
+    if job.ray_data_reads:
+        datasets = {"train": tokenized_dataset(job.store_spec, job.train_prefix, name=f"{job.job_id} train")}
+        if job.eval_prefix is not None:
+            datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix, name=f"{job.job_id} eval")
     file_rows = load_ref(store, job.train_prefix).report["rows"]
     storage_fs, storage_path = arrow_location(job.store_spec, keys.train_runs(job.job_id))
     trainer = TorchTrainer(

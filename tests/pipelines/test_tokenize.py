@@ -152,5 +152,12 @@ def test_build_tokenized_writes_shards_and_reuses_them(tmp_path, model_cache):
         build_tokenized(*args[:6], 8, "supervised")
     assert info.value.code == "context_too_long" and "30 rows checked" in info.value.message
 
+    # At or below the Ray threshold the run tokenizes the same ranges itself: the same shards, byte for byte.
+    here = open_object_store(f"file://{tmp_path / 'here'}")
+    here.put_bytes("files/a/file-1", data)
+    inline = build_tokenized(here.spec(), *args[1:], block_bytes=1024, ray_threshold_bytes=len(data))
+    assert inline == ref
+    assert [here.get_bytes(key) for key in inline.shards] == [store.get_bytes(key) for key in ref.shards]
+
     store.delete("files/a/file-1")  # a second job on the same file and settings reads only the shards
     assert build_tokenized(*args) == ref

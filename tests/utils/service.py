@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from entrypoints.ray_runtime import LOCAL_RAY_ENV
 from tests.conftest import RATE_LIMITS_OFF, free_port
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -36,7 +37,8 @@ def ray_env() -> dict[str, str]:
     """What every process of the cluster inherits: Ray's token auth (tests/conftest.py prepared the
     token) and the S3 credentials (the `seaweed` fixture), nothing of any other Ray cluster."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "OPENFT_"))}
-    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=os.environ["RAY_AUTH_TOKEN_PATH"], RAY_USAGE_STATS_ENABLED="0")
+    env.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN_PATH=os.environ["RAY_AUTH_TOKEN_PATH"], RAY_USAGE_STATS_ENABLED="0",
+               **LOCAL_RAY_ENV)
     return env
 
 
@@ -62,10 +64,11 @@ class Service:
 
 def service_env(data_dir: Path, **settings: str) -> dict[str, str]:
     """`openft serve`'s environment: stand-in bases, quick controller passes, rate limits off, every
-    upload above 1 KiB validated by Ray Data (so that validation runs on the cluster)."""
+    upload and training file above 1 KiB validated, tokenized and read by Ray Data (so that those
+    stages run on the cluster, and the Ray dashboard lists their datasets)."""
     env = ray_env()
     env.update(OPENFT_DATA_DIR=str(data_dir), OPENFT_MODEL_SOURCE="standin", OPENFT_CONTROLLER_POLL_SECONDS="0.5",
-               OPENFT_VALIDATE_RAY_THRESHOLD_BYTES="1024",
+               OPENFT_VALIDATE_RAY_THRESHOLD_BYTES="1024", OPENFT_TOKENIZE_RAY_THRESHOLD_BYTES="1024",
                **{f"OPENFT_{k.upper()}": str(v) for k, v in RATE_LIMITS_OFF.items()})  # fmt: skip
     env.update(settings)
     return env
