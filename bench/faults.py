@@ -1,5 +1,5 @@
 """Fault report: each kind of fault injected into the service, and each kind of background work it
-hit (runs, distills, batches, merges, webhook deliveries), with how many survived it (the work
+hit (runs, distills, batches, eval runs, merges, webhook deliveries), with how many survived it (the work
 ended in its defined state with nothing lost: one model, one charge, coherent events; every
 custom_id once; the merge's digests; the distilled files once; every event delivered and recorded
 once) and how many lost something.
@@ -7,7 +7,7 @@ once) and how many lost something.
 It runs the fault tests themselves, so a "survived" is exactly a passing test's assertions:
   real runs     tests/faults (`--rounds` times): SIGKILL of the serve process group mid-training
                 (SQLite, PostgreSQL) and mid-batch, mid-merge, mid-distill and mid-delivery
-                (PostgreSQL), ray.kill of the controller mid-run and mid-batch and mid-merge,
+                (PostgreSQL), ray.kill of the controller mid-run and mid-batch, mid-eval-run and mid-merge,
                 SIGKILL of the Train worker (once, twice), SIGSTOP of it, PostgreSQL restarted
                 mid-run and mid-batch and mid-merge, S3 stopped, a time limit shorter than the
                 run's start;
@@ -45,7 +45,8 @@ REAL = {
         ("serve SIGKILL + restart (PostgreSQL)", ALL),
     "test_ray_kill_of_the_controller_actor_mid_run_resumes_scheduling_and_the_job_finishes":
         ("ray.kill controller actor", RUN),
-    "test_ray_kill_of_the_controller_mid_batch_and_mid_merge_hands_both_over": ("ray.kill controller actor", ("batch", "merge")),
+    "test_ray_kill_of_the_controller_mid_batch_eval_run_and_merge_hands_each_over":
+        ("ray.kill controller actor (PostgreSQL)", ("batch", "eval_run", "merge")),
     "test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint": ("SIGKILL Train worker", RUN),
     "test_a_train_worker_lost_twice_fails_platform_interrupted": ("SIGKILL Train worker twice", RUN),
     "test_a_hung_train_worker_is_stopped_by_the_stall_watchdog": ("SIGSTOP Train worker (stall)", RUN),
@@ -110,7 +111,7 @@ def main() -> int:
     for fault, c in counts.items():
         print(f"{fault:<{width}}  {c['survived']:>8}  {c['lost']:>4}")
     total = {k: sum(c[k] for c in counts.values()) for k in ("survived", "lost")}
-    missing = [kind for kind in ("run", *ALL) if kind not in by_kind]
+    missing = [kind for kind in ("run", *ALL, "eval_run") if kind not in by_kind]
     print(json.dumps({"by_kind": dict(by_kind), "faults": dict(counts), **total, "kinds_not_run": missing}))
     return 1 if total["lost"] or missing else 0
 

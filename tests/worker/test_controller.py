@@ -44,8 +44,10 @@ def leases(db) -> list[tuple[str, str]]:
 
 
 def ended(db, job_id: str) -> Job:
+    # A scripted run of 400 steps sleeps 8 s and writes each step: 20 s was not always enough on a
+    # machine running two suites at once (load near 14); the wait ends as soon as the job does.
     return until(lambda: (j := row(db, job_id)).status in ("succeeded", "failed", "cancelled") and
-                 j.lease_owner is None and j, f"end of {job_id}")
+                 j.lease_owner is None and j, f"end of {job_id}", 120)
 
 
 def apply(db, move, job_id: str) -> transitions.Moved:
