@@ -257,7 +257,9 @@ def eval_run_in_flight(api, db: Database):
     run = c.evals.runs.create(made.id, data_source={
         "type": "completions", "model": BASE.id, "source": {"type": "file_content", "content": items},
         "input_messages": {"type": "template", "template": [{"role": "user", "content": "{{item.q}}"}]},
-        "sampling_params": {"max_completion_tokens": 16, "temperature": 0, "seed": 0}})
+        # Longer answers than the batch's: the run is started first and must still be sampling once
+        # the batch and the merge are in flight behind it.
+        "sampling_params": {"max_completion_tokens": 48, "temperature": 0, "seed": 0}})
     until(lambda: (r := read(db, lambda s: s.get(EvalRun, run.id))).status == "in_progress" and r.lease_owner,
           "the eval run mid-sampling", 600, 0.2)
     return c, made.id, run.id
@@ -285,9 +287,11 @@ def test_ray_kill_of_the_controller_mid_batch_eval_run_and_merge_hands_each_over
     api, handle = service("bgkill", database_url=fresh_pg_url, max_concurrent_batches=2)
     db = Database(api.settings.resolved_database_url(), migrate=False)
     try:
-        a, batch_id = batch_mid_run(api, db)
         c, eval_id, run_id = eval_run_in_flight(api, db)
+        a, batch_id = batch_mid_run(api, db)
         b, bob_id, model = merge_mid_write(api, db)
+        assert read(db, lambda s: (s.get(EvalRun, run_id).status, s.get(Batch, batch_id).status)) == (
+            "in_progress", "in_progress")  # all three in flight when the controller dies
         before = ray.get(handle.controller_id.remote())
         ray.kill(handle, no_restart=False)  # its threads die with it; Ray restarts the actor
         until(lambda: _restarted_id(handle, before), "the controller's restart", 120)
