@@ -238,11 +238,15 @@ def batch_leased(db: Database, batch_id: str) -> bool:
     return row.status == "in_progress" and row.lease_owner is not None
 
 
-def merge_mid_write(api, db: Database):
-    """Bob's merge mid-write on the deployment `api`: (client, account id, model)."""
+def merge_ready(api, db: Database):
+    """Bob, with a registered fine-tune to merge (made first: it is the slow part): (client, account id, model)."""
     bob_id, bob = api.create_account()
-    b = api.client(bob)
-    model = ft_model(api.settings, db, bob_id)
+    return api.client(bob), bob_id, ft_model(api.settings, db, bob_id)
+
+
+def merge_mid_write(api, db: Database, ready=None):
+    """Bob's merge mid-write on the deployment `api`: (client, account id, model)."""
+    b, bob_id, model = ready or merge_ready(api, db)
     assert b.post(f"/gridline/adapters/{model}/merged", cast_to=object)["status"] == "queued"
     store = open_object_store(api.settings.resolved_storage_url())
     merge_id = until(lambda: (m := the_merge(db, bob_id)) and m.id, "the merge's row")
@@ -258,7 +262,7 @@ def eval_run_in_flight(api, db: Database):
     made = c.evals.create(data_source_config={"type": "custom", "item_schema": schema, "include_sample_schema": True},
                           testing_criteria=[{"type": "string_check", "name": "eq", "input": "{{sample.output_text}}",
                                              "reference": "{{item.a}}", "operation": "eq"}])
-    items = [{"item": {"q": f"Ticket {i}: which team?", "a": "billing"}} for i in range(LINES)]
+    items = [{"item": {"q": f"Ticket {i}: which team should answer it, and why?", "a": "billing"}} for i in range(LINES)]
     run = c.evals.runs.create(made.id, data_source={
         "type": "completions", "model": BASE.id, "source": {"type": "file_content", "content": items},
         "input_messages": {"type": "template", "template": [{"role": "user", "content": "{{item.q}}"}]},
@@ -292,10 +296,11 @@ def test_ray_kill_of_the_controller_mid_batch_eval_run_and_merge_hands_each_over
     api, handle = service("bgkill", database_url=fresh_pg_url, max_concurrent_batches=2)
     db = Database(api.settings.resolved_database_url(), migrate=False)
     try:
+        ready = merge_ready(api, db)
         c, eval_id, run_id = eval_run_in_flight(api, db)
         # Driven beside the eval run, whose lines the engine may still be answering: leased is enough.
         a, batch_id = batch_mid_run(api, db, running=batch_leased)
-        b, bob_id, model = merge_mid_write(api, db)
+        b, bob_id, model = merge_mid_write(api, db, ready)
         assert read(db, lambda s: (s.get(EvalRun, run_id).status, s.get(Batch, batch_id).status)) == (
             "in_progress", "in_progress")  # all three in flight when the controller dies
         before = ray.get(handle.controller_id.remote())
