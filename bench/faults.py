@@ -45,8 +45,8 @@ REAL = {
         ("serve SIGKILL + restart (PostgreSQL)", ALL),
     "test_ray_kill_of_the_controller_actor_mid_run_resumes_scheduling_and_the_job_finishes":
         ("ray.kill controller actor", RUN),
-    "test_ray_kill_of_the_controller_mid_batch_eval_run_and_merge_hands_each_over":
-        ("ray.kill controller actor (PostgreSQL)", ("batch", "eval_run", "merge")),
+    "test_ray_kill_of_the_controller_mid_batch_and_mid_merge_hands_both_over": ("ray.kill controller actor", ("batch", "merge")),
+    "test_ray_kill_of_the_controller_mid_eval_run_hands_it_over": ("ray.kill controller actor (PostgreSQL)", ("eval_run",)),
     "test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint": ("SIGKILL Train worker", RUN),
     "test_a_train_worker_lost_twice_fails_platform_interrupted": ("SIGKILL Train worker twice", RUN),
     "test_a_hung_train_worker_is_stopped_by_the_stall_watchdog": ("SIGSTOP Train worker (stall)", RUN),

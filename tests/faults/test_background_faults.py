@@ -1,5 +1,5 @@
 """Every kind of background work beside training survives the faults its runs survive, with real
-processes, two accounts or more, on PostgreSQL: batches, eval runs, merges, distills and webhook deliveries.
+processes, two accounts, on PostgreSQL: batches, eval runs, merges, distills and webhook deliveries.
 
 - SIGKILL of the whole `openft serve` process group while a batch, a merge, a distill and a
   webhook delivery are all in flight (each seen in flight in the database just before the kill),
@@ -7,9 +7,10 @@ processes, two accounts or more, on PostgreSQL: batches, eval runs, merges, dist
   output or error file, the merge ends `succeeded` once with the digests of an uninterrupted merge
   of the same adapter, the distilled files are recorded once, and every webhook event is
   delivered at least once and recorded once.
-- `ray.kill` of the controller actor with a batch, an eval run and a merge in flight (PostgreSQL,
-  three accounts): Ray restarts it, the leases of the dead one lapse and hand over, and each ends
-  once (the eval run with every item recorded exactly once).
+- `ray.kill` of the controller actor with a batch and a merge in flight: Ray restarts it, the
+  leases of the dead one lapse and hand over, and both end once.
+- `ray.kill` of the controller actor mid-eval-run on PostgreSQL, beside another account's queued
+  run: the sampling run is handed over and ends once, every item recorded exactly once.
 - PostgreSQL restarted with a batch and a merge in flight: both ride through and end once.
 
 Each test records the kinds that survived (`record_property`), which bench/faults.py counts.
@@ -223,95 +224,88 @@ def test_sigkill_mid_batch_merge_distill_and_delivery_then_a_restart_ends_each_o
 
 
 # -- ray.kill of the controller, and a PostgreSQL restart ----------------------------------------------
-def batch_mid_run(api, db: Database, running=batch_in_progress):
-    """Alice's batch mid-run on the deployment `api` (`running(db, batch id)` true): (client, batch id)."""
-    _, alice = api.create_account()
-    a = api.client(alice)
-    batch = a.batches.create(input_file_id=batch_file(a, LINES).id, endpoint="/v1/chat/completions",
-                             completion_window="24h")
-    until(lambda: running(db, batch.id), "the batch mid-run", 600, 0.2)
-    return a, batch.id
-
-
-def batch_leased(db: Database, batch_id: str) -> bool:
-    row = read(db, lambda s: s.get(Batch, batch_id))
-    return row.status == "in_progress" and row.lease_owner is not None
-
-
-def merge_ready(api, db: Database):
-    """Bob, with a registered fine-tune to merge (made first: it is the slow part): (client, account id, model)."""
+def _batch_and_merge(api, db: Database):
+    """Alice's batch mid-run and bob's merge mid-write, on the deployment `api`: (clients, ids)."""
+    alice_id, alice = api.create_account()
     bob_id, bob = api.create_account()
-    return api.client(bob), bob_id, ft_model(api.settings, db, bob_id)
-
-
-def merge_mid_write(api, db: Database, ready=None):
-    """Bob's merge mid-write on the deployment `api`: (client, account id, model)."""
-    b, bob_id, model = ready or merge_ready(api, db)
+    a, b = api.client(alice), api.client(bob)
+    model = ft_model(api.settings, db, bob_id)
+    big = batch_file(a, LINES)
+    batch = a.batches.create(input_file_id=big.id, endpoint="/v1/chat/completions", completion_window="24h")
+    until(lambda: batch_in_progress(db, batch.id), "the batch mid-run", 600, 0.2)
     assert b.post(f"/gridline/adapters/{model}/merged", cast_to=object)["status"] == "queued"
     store = open_object_store(api.settings.resolved_storage_url())
     merge_id = until(lambda: (m := the_merge(db, bob_id)) and m.id, "the merge's row")
     until(lambda: merge_in_flight(db, store, merge_id), "the merge mid-write", 120, 0.05)
-    return b, bob_id, model
+    return a, b, batch.id, bob_id, model
 
 
-def eval_run_in_flight(api, db: Database):
-    """Carol's completions eval run on the base, leased and sampling: (client, eval id, run id)."""
-    _, carol = api.create_account()
-    c = api.client(carol)
+def test_ray_kill_of_the_controller_mid_batch_and_mid_merge_hands_both_over(service, record_property):
+    import ray
+
+    from tests.faults.test_faults import _restarted_id
+
+    api, handle = service("bgkill")
+    db = Database(api.settings.resolved_database_url(), migrate=False)
+    try:
+        a, b, batch_id, bob_id, model = _batch_and_merge(api, db)
+        before = ray.get(handle.controller_id.remote())
+        ray.kill(handle, no_restart=False)  # its threads die with it; Ray restarts the actor
+        until(lambda: _restarted_id(handle, before), "the controller's restart", 120)
+        assert_batch_ended_once(a, db, batch_id, [f"req-{i:05d}" for i in range(LINES)], "completed", attempts=2)
+        record_property("survived:batch", 1)
+        assert_merged_once(b, db, api.settings, bob_id, model, attempts=2)
+        record_property("survived:merge", 1)
+    finally:
+        db.dispose()
+
+
+def completions_eval_run(api, n: int):
+    """A fresh account's completions eval run of `n` items on the stand-in base: (client, eval id, run id)."""
+    _, key = api.create_account()
+    client = api.client(key)
     schema = {"type": "object", "properties": {"q": {"type": "string"}, "a": {"type": "string"}}, "required": ["q", "a"]}
-    made = c.evals.create(data_source_config={"type": "custom", "item_schema": schema, "include_sample_schema": True},
-                          testing_criteria=[{"type": "string_check", "name": "eq", "input": "{{sample.output_text}}",
-                                             "reference": "{{item.a}}", "operation": "eq"}])
-    items = [{"item": {"q": f"Ticket {i}: which team should answer it, and why?", "a": "billing"}} for i in range(LINES)]
-    run = c.evals.runs.create(made.id, data_source={
+    made = client.evals.create(
+        data_source_config={"type": "custom", "item_schema": schema, "include_sample_schema": True},
+        testing_criteria=[{"type": "string_check", "name": "eq", "input": "{{sample.output_text}}",
+                           "reference": "{{item.a}}", "operation": "eq"}])
+    items = [{"item": {"q": f"Ticket {i}: which team should answer it, and why?", "a": "billing"}} for i in range(n)]
+    run = client.evals.runs.create(made.id, data_source={
         "type": "completions", "model": BASE.id, "source": {"type": "file_content", "content": items},
         "input_messages": {"type": "template", "template": [{"role": "user", "content": "{{item.q}}"}]},
-        # Longer answers than the batch's: the run is started first and must still be sampling once
-        # the batch and the merge are in flight behind it.
         "sampling_params": {"max_completion_tokens": 48, "temperature": 0, "seed": 0}})
-    until(lambda: (r := read(db, lambda s: s.get(EvalRun, run.id))).status == "in_progress" and r.lease_owner,
-          "the eval run mid-sampling", 600, 0.2)
-    return c, made.id, run.id
+    return client, made.id, run.id
 
 
-def assert_eval_run_ended_once(client, db: Database, eval_id: str, run_id: str, attempts: int) -> None:
+def assert_eval_run_ended_once(client, db: Database, eval_id: str, run_id: str, n: int, attempts: int) -> None:
     done = until(lambda: (r := client.evals.runs.retrieve(run_id, eval_id=eval_id)).status in (
         "completed", "failed", "canceled") and r, f"end of {run_id}", 600)
     assert done.status == "completed", done.error
     row = read(db, lambda s: s.get(EvalRun, run_id))
     assert (row.attempts, row.lease_owner) == (attempts, None)
     indexes = read(db, lambda s: s.scalars(select(EvalOutputItem.item_index).where(EvalOutputItem.run_id == run_id)).all())
-    assert sorted(indexes) == list(range(LINES))  # every item recorded exactly once
-    assert done.result_counts.total == LINES
+    assert sorted(indexes) == list(range(n))  # every item recorded exactly once
+    assert done.result_counts.total == n
 
 
-def test_ray_kill_of_the_controller_mid_batch_eval_run_and_merge_hands_each_over(service, fresh_pg_url,
-                                                                                  record_property):
-    """On PostgreSQL, with three accounts: a batch and an eval run sampling side by side (the batch
-    engine's slots raised to two) and a merge writing, when the controller actor is killed."""
+def test_ray_kill_of_the_controller_mid_eval_run_hands_it_over(service, fresh_pg_url, record_property):
     import ray
 
     from tests.faults.test_faults import _restarted_id
 
-    api, handle = service("bgkill", database_url=fresh_pg_url, max_concurrent_batches=2)
+    api, handle = service("evkill", database_url=fresh_pg_url)
     db = Database(api.settings.resolved_database_url(), migrate=False)
     try:
-        ready = merge_ready(api, db)
-        c, eval_id, run_id = eval_run_in_flight(api, db)
-        # Driven beside the eval run, whose lines the engine may still be answering: leased is enough.
-        a, batch_id = batch_mid_run(api, db, running=batch_leased)
-        b, bob_id, model = merge_mid_write(api, db, ready)
-        assert read(db, lambda s: (s.get(EvalRun, run_id).status, s.get(Batch, batch_id).status)) == (
-            "in_progress", "in_progress")  # all three in flight when the controller dies
+        c, eval_id, run_id = completions_eval_run(api, LINES)
+        d, other_eval, queued = completions_eval_run(api, 3)  # another account's, waiting for the engine's slot
+        until(lambda: (r := read(db, lambda s: s.get(EvalRun, run_id))).status == "in_progress" and r.lease_owner,
+              "the eval run mid-sampling", 600, 0.1)
         before = ray.get(handle.controller_id.remote())
-        ray.kill(handle, no_restart=False)  # its threads die with it; Ray restarts the actor
+        ray.kill(handle, no_restart=False)
         until(lambda: _restarted_id(handle, before), "the controller's restart", 120)
-        assert_batch_ended_once(a, db, batch_id, [f"req-{i:05d}" for i in range(LINES)], "completed", attempts=2)
-        record_property("survived:batch", 1)
-        assert_eval_run_ended_once(c, db, eval_id, run_id, attempts=2)
+        assert_eval_run_ended_once(c, db, eval_id, run_id, LINES, attempts=2)
+        assert_eval_run_ended_once(d, db, other_eval, queued, 3, attempts=1)
         record_property("survived:eval_run", 1)
-        assert_merged_once(b, db, api.settings, bob_id, model, attempts=2)
-        record_property("survived:merge", 1)
     finally:
         db.dispose()
 
@@ -320,8 +314,7 @@ def test_postgres_restarted_mid_batch_and_mid_merge_both_end_once(service, fresh
     api, _ = service("bgpg", database_url=fresh_pg_url)
     db = Database(api.settings.resolved_database_url(), migrate=False)
     try:
-        a, batch_id = batch_mid_run(api, db)
-        b, bob_id, model = merge_mid_write(api, db)
+        a, b, batch_id, bob_id, model = _batch_and_merge(api, db)
         cluster = next(iter(sorted(os.listdir("/etc/postgresql"))))
         subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True,
                        timeout=120)
