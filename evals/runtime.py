@@ -12,8 +12,7 @@ from collections.abc import Callable, Sequence
 
 from graders import ModelAnswer, ModelRequest, Runtime
 from graders.sandbox import SandboxLimits
-from jobs.model_names import ResolvedModel, resolve_model
-from openft.errors import InvalidRequest
+from jobs.model_names import ResolvedModel, model_checker, resolve_model
 from openft.settings import Settings
 from pipelines.model_grading import GradingEngineSpec, GradingTimeout, PromptRequest, answer_on_ray
 from storage.db import Database
@@ -28,21 +27,6 @@ def sandbox_limits(settings: Settings) -> SandboxLimits:
 def _resolve(db: Database, account_id: str, name: str) -> ResolvedModel | None:
     with db.session() as session:
         return resolve_model(session, account_id, name)
-
-
-def model_checker(db: Database, account_id: str) -> Callable[[str, str], None]:
-    """The refusal of a grader model the caller cannot use (unknown, another account's, not servable)."""
-
-    def check(name: str, param: str) -> None:
-        resolved = _resolve(db, account_id, name)
-        if resolved is None:
-            raise InvalidRequest(f"{param} does not name a model you can use: a base, or one of your ft: models or "
-                                 "checkpoints.", code="model_not_found", param=param)
-        if not resolved.servable:
-            raise InvalidRequest(f"{param} names a model that cannot answer prompts here: "
-                                 f"{resolved.reason or 'it is not servable.'}", code="model_not_available", param=param)
-
-    return check
 
 
 def model_call(db: Database, store_spec: tuple, settings: Settings,

@@ -105,6 +105,7 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
             checkpoint_prefix=keys.checkpoints(ticket.job_id), resume=ticket.resume,
             device="cuda" if settings.train_use_gpu else "cpu", time_limit_s=settings.job_time_limit_seconds,
             deadline=ticket.deadline,
+            init_adapter_prefix=keys.parent_adapter(ticket.job_id) if spec.parent else None,
         )
         outcome = run_training(
             train_job, partial(DBReporter, settings, ticket.job_id, ticket.owner),

@@ -51,6 +51,9 @@ class TrainJob:
     # from the run's start (model load, tokenization and evals included) over every attempt; None: no
     # deadline beyond `time_limit_s` of training.
     deadline: float | None = None
+    # The store prefix of the adapter a job continues from (jobs/lineage.py: its parent's, copied at
+    # create); None: a fresh adapter (lora_B = 0, the identity).
+    init_adapter_prefix: str | None = None
 
     def __post_init__(self) -> None:
         if self.method_type not in METHOD_TYPES:

@@ -29,7 +29,15 @@ from openft.errors import TrainingError
 from storage.objects import open_object_store
 from train.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng, save_checkpoint
 from train.config import TrainJob, TrainOutcome
-from train.lora import adapter_files, build_model, load_adapter_weights, pick_device, trainable_parameters
+from train.lora import (
+    ADAPTER_WEIGHTS,
+    adapter_files,
+    build_model,
+    load_adapter_weights,
+    pick_device,
+    read_adapter_weights,
+    trainable_parameters,
+)
 from train.parallel import SINGLE, Group
 from train.progress import MetricsClock, Reporter
 
@@ -275,6 +283,8 @@ def run_recipe(
     store = open_object_store(*job.store_spec)
     device = pick_device(job)
     model = build_model(job, base, device)
+    if job.init_adapter_prefix is not None:  # a resume below replaces these with the checkpoint's
+        load_adapter_weights(model, read_adapter_weights(store.get_bytes(job.init_adapter_prefix + ADAPTER_WEIGHTS)))
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     steps = make_steps(model, device, pad_id)
     loop = TrainLoop(job, reporter, model, store, on_checkpoint, group)

@@ -48,7 +48,7 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
         user_provided_suffix=job.user_provided_suffix,
         gridline=JobGridline(
             quote=job.quote, result=job.result, fine_tuned_adapter=job.fine_tuned_adapter, reason=job.reason,
-            derived_from=spec.derived_from, charge=job.charge,
+            derived_from=spec.derived_from, charge=job.charge, parent=spec.parent,
         ),
     )
 
