@@ -19,7 +19,9 @@ Decisions (OpenAI's reference names the hyperparameters without fixing their mea
   `thinking_template`) `low` turns thinking off and `medium` / `high` turn it on; on any other base a
   value other than `default` is refused by name (there is nothing for it to change).
 - Our own keys, numbers only: `beta`, the KL coefficient (0.04, GRPO's), `max_completion_tokens`
-  (256: the longest sampled completion), and `learning_rate`, `lora_rank`, `lora_alpha`,
+  (256: the longest sampled completion), `temperature` (1.0, 0.01 to 2: of every sampled completion,
+  training and validation; the tiny stand-in bases need a low one, their frozen head keeps every
+  logit within about +-1.5, so at 1.0 they sample near-uniform noise), and `learning_rate`, `lora_rank`, `lora_alpha`,
   `max_seq_length` as for the other methods.
 - The grader is `graders/`' (`validate`, its refusals and params under `method.reinforcement.grader`),
   stored in its JSON form (`graders.validate.record`). `label_model` is accepted only inside `multi`,
@@ -38,7 +40,7 @@ from jobs._values import float_in, int_in, invalid
 
 OPENAI_KEYS = ("batch_size", "compute_multiplier", "eval_interval", "eval_samples", "learning_rate_multiplier",
                "n_epochs", "reasoning_effort")
-OWN_KEYS = ("learning_rate", "lora_rank", "lora_alpha", "max_seq_length", "beta", "max_completion_tokens")
+OWN_KEYS = ("learning_rate", "lora_rank", "lora_alpha", "max_seq_length", "beta", "max_completion_tokens", "temperature")
 AUTO_KEYS = frozenset({"batch_size", "compute_multiplier", "eval_interval", "eval_samples",
                        "learning_rate_multiplier", "n_epochs"})
 SAMPLES_AT_ONE = 8  # completions per prompt at compute_multiplier 1.0 (and auto)
@@ -89,6 +91,7 @@ def hyperparameters(given: Callable[[str], Any], path: str, base: BaseModelSpec)
         "reasoning_effort": effort,
         "max_completion_tokens": value("max_completion_tokens", MAX_COMPLETION_TOKENS,
                                        lambda v, p: int_in(v, p, 1, COMPLETION_TOKENS_LIMIT)),
+        "temperature": value("temperature", 1.0, lambda v, p: float_in(v, p, 0.01, 2.0)),
     }
 
 
@@ -104,7 +107,11 @@ def references(grader: dict) -> tuple[tuple[Reference, str], ...]:
     return tuple(item_references(validate(grader, "grader"), "method.reinforcement.grader"))
 
 
-def uses_model_graders(grader: dict) -> bool:
+def grader_model_names(grader: dict) -> list[str]:
     parsed = validate(grader, "grader")
     graders = parsed.graders.values() if isinstance(parsed, MultiGrader) else [parsed]
-    return any(g.type in ("score_model", "label_model") for g in graders)
+    return [g.model for g in graders if g.type in ("score_model", "label_model")]
+
+
+def uses_model_graders(grader: dict) -> bool:
+    return bool(grader_model_names(grader))

@@ -47,6 +47,7 @@ class JobSpec:
     eval_samples: int | None = None
     reasoning_effort: str | None = None
     max_completion_tokens: int | None = None
+    temperature: float | None = None
 
     def hyperparameters_wire(self, method: bool = False) -> dict[str, Any]:
         """The job object's `hyperparameters`: OpenAI's three fields, then ours. `beta` only in
@@ -68,7 +69,7 @@ class JobSpec:
                 "eval_interval": self.eval_interval, "eval_samples": self.eval_samples,
                 "learning_rate_multiplier": self.learning_rate_multiplier, "n_epochs": self.n_epochs,
                 "reasoning_effort": self.reasoning_effort, "samples_per_prompt": self.samples_per_prompt,
-                "max_completion_tokens": self.max_completion_tokens, "beta": self.beta,
+                "max_completion_tokens": self.max_completion_tokens, "temperature": self.temperature, "beta": self.beta,
                 "learning_rate": self.learning_rate, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha,
                 "max_seq_length": self.max_seq_length,
             }

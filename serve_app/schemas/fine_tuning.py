@@ -85,6 +85,8 @@ class CheckpointMetrics(BaseModel):
     valid_mean_token_accuracy: float | None = None
     full_valid_loss: float | None = None
     full_valid_mean_token_accuracy: float | None = None
+    valid_mean_reward: float | None = None
+    """Reinforcement jobs: the mean grader reward on the validation prompts at this checkpoint (ours)."""
 
 
 class FineTuningJobCheckpoint(BaseModel):
