@@ -20,7 +20,7 @@ from jobs.model_names import model_checker
 from jobs.files import check_files, file_facts, job_files
 from jobs.integrations import check_available as check_integrations
 from jobs.lineage import copy_parent_adapter, find_parent, names_parent
-from jobs.params import check_validation_file, file_not_found, parse_create_request
+from jobs.params import ROW_KIND, check_validation_file, file_not_found, parse_create_request
 from openft.errors import InvalidRequest
 from openft.ids import job_id as new_job_id
 from storage import files as files_repo
@@ -45,8 +45,9 @@ def create(state: Context, account: Account, body: dict) -> Job:
     if training.purpose == "batch_output":
         if spec.method_type != "supervised":
             raise InvalidRequest(
-                "training_file is a batch results file, which distills into chat rows; a dpo job trains on preference "
-                "rows. Use method.type supervised, or upload preference rows with purpose=fine-tune.",
+                f"training_file is a batch results file, which distills into chat rows; a {spec.method_type} job trains "
+                f"on {ROW_KIND[spec.method_type]} rows. Use method.type supervised, or upload "
+                f"{ROW_KIND[spec.method_type]} rows with purpose=fine-tune.",
                 code="invalid_file_format", param="training_file",
             )
         if validation is not None:

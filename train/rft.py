@@ -45,6 +45,9 @@ step   -> for each of this rank's prompts (the loop splits the batch's prompts a
           every sample's grade failed fails the job (`grader_failed`); reference and policy
           log-probs of each completion (prompt as context, the completion's tokens up to and
           including its end-of-turn token trained); the loss above
+thinking -> on a base whose template has a thinking switch (qwen3), reasoning_effort medium / high
+          renders the prompts with it on (low and default leave them as every job renders them, off),
+          and the grader reads the answer after the reasoning's `</think>`
 eval   -> mean reward of `eval_samples` completions per validation prompt (the validation file, or
           the training file's holdout), sampled with seeds fixed per (line, sample), so before and
           after compare the same draws' seeds; before the first step, every `eval_interval` steps
@@ -77,6 +80,7 @@ from openft.errors import InvalidRequest, TrainingError
 from pipelines.engine import GenRequest, SamplingParams
 from pipelines.generate import TransformersEngine, render_prompt
 from pipelines.model_grading import GradingMember, answer_by_base
+from pipelines.render import THINK_CLOSE
 from pipelines.tokenize import IGNORE_INDEX
 from storage.objects import open_object_store
 from train.config import Reinforcement, TrainJob, TrainOutcome
@@ -120,6 +124,10 @@ class RFTSteps:
         self.eval_interval = self.cfg.eval_interval
         self.reference_weights = None  # the parent's adapter, when the job continues from one
         self.epoch = 0
+        if self.cfg.enable_thinking:  # reasoning_effort medium / high on a template with a thinking switch
+            for rows, items in ((self.train_rows, self.items), (self.eval_rows, self.eval_items)):
+                for row, item in zip(rows, items):
+                    row["prompt_ids"] = self._thinking_prompt(item["messages"])
 
     # -- the loop's hooks --------------------------------------------------------------------------
     def prepare(self, progress) -> None:
@@ -139,7 +147,8 @@ class RFTSteps:
         k = self.cfg.samples_per_prompt
         rows = [self.train_rows[i] for i in batch]
         samples = self._sample(rows, k, lambda row, j: _seed(self.job.seed, "train", self.epoch, row["line"], j))
-        pairs = [(sample_namespace(samples[a * k + j].text), self.items[i]) for a, i in enumerate(batch) for j in range(k)]
+        pairs = [(sample_namespace(self._graded_text(samples[a * k + j].text)), self.items[i])
+                 for a, i in enumerate(batch) for j in range(k)]
         grades = grade_many(self.grader, pairs, self.runtime)
         rewards = torch.tensor([g.score for g in grades], dtype=torch.float64).view(len(rows), k)
         advantages = rewards - rewards.mean(dim=1, keepdim=True)  # Dr. GRPO: no division by the group's std
@@ -191,11 +200,25 @@ class RFTSteps:
         n = self.cfg.eval_samples
         rows = [self.eval_rows[i] for i in mine]
         samples = self._sample(rows, n, lambda row, j: _seed(self.job.seed, "eval", row["line"], j))
-        pairs = [(sample_namespace(samples[a * n + j].text), self.eval_items[i]) for a, i in enumerate(mine)
-                 for j in range(n)]
+        pairs = [(sample_namespace(self._graded_text(samples[a * n + j].text)), self.eval_items[i])
+                 for a, i in enumerate(mine) for j in range(n)]
         return sum(g.score for g in grade_many(self.grader, pairs, self.runtime)), len(pairs)
 
     # -- sampling, the reference, the loss --------------------------------------------------------
+    def _thinking_prompt(self, messages: list[dict]) -> list[int]:
+        """The prompt with the template's thinking switch on (the tokenizer stage renders it off, as
+        every other job's prompts): the completion then opens with the model's reasoning."""
+        text = self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                                  enable_thinking=True)
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def _graded_text(self, text: str) -> str:
+        """What the grader reads as sample.output_text: with thinking on, the answer after the
+        reasoning (OpenAI grades the final answer, not the reasoning)."""
+        if self.cfg.enable_thinking and THINK_CLOSE in text:
+            return text.rsplit(THINK_CLOSE, 1)[1].lstrip("\n")
+        return text
+
     def _sample(self, rows: list[dict], k: int, seed: Callable[[dict, int], int]):
         """k completions per row from the current policy, in row order, each seeded by `seed(row, j)`."""
         requests = []

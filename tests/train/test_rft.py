@@ -127,3 +127,30 @@ def test_a_grader_that_fails_on_every_sample_fails_the_job(store, cache_root, pa
     with pytest.raises(TrainingError) as failed:
         train_rft(job, FileReporter(tmp_path / "broken.jsonl"), train[:2], evals[:1])
     assert failed.value.code == "grader_failed" and "4 samples" in failed.value.message
+
+
+def test_reasoning_effort_turns_the_thinking_switch_on_and_grades_the_answer_after_it(store, cache_root, tmp_path):
+    """qwen3-8b's template: the tokenizer stage renders prompts with thinking off (its empty think
+    block); reasoning_effort medium renders them with it on, and the grader reads what follows </think>."""
+    import torch
+
+    from catalog.bases import get_base
+    from catalog.model_source import ModelSource, load_tokenizer
+    from jobs.reinforcement import enable_thinking
+    from train.lora import build_model
+    from train.parallel import SINGLE
+    from train.rft import RFTSteps
+
+    base = get_base("qwen3-8b")
+    assert (enable_thinking("medium", base), enable_thinking("low", base), enable_thinking("default", base)) == (
+        True, False, None)
+    tokenizer = load_tokenizer(base, ModelSource("standin"), cache_root)
+    rows, _ = tokenize(prompts_jsonl(ticket_splits()[0][:2]), tokenizer, base, method="reinforcement")
+    off = [list(r["prompt_ids"]) for r in rows]
+    job = make_job(store, cache_root, base_id="qwen3-8b", method_type="reinforcement", beta=0.0, batch_size=2,
+                   reinforcement=example_settings(enable_thinking=True))
+    steps = RFTSteps(job, build_model(job, base, torch.device("cpu")), torch.device("cpu"), 0, rows, [], SINGLE)
+    on = tokenizer.decode(steps.train_rows[0]["prompt_ids"])
+    assert steps.train_rows[0]["prompt_ids"] != off[0] and "<think>" in tokenizer.decode(off[0]) and "<think>" not in on
+    assert on.endswith("<|im_start|>assistant\n")
+    assert steps._graded_text("<think>\nit is about a parcel\n</think>\n\ndelivery") == "delivery"
