@@ -68,7 +68,7 @@ def create(state: Context, account: Account, body: dict) -> Job:
             created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
             validation_file=spec.validation_file, seed=spec.seed, spec=spec.record(),
             job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix,
-            quote=quote.model_dump(exclude_none=True) if quote else {}, estimated_finish=quote.estimated_finish(now) if quote else None,
+            quote=quote.record() if quote else {}, estimated_finish=quote.estimated_finish(now) if quote else None,
             result_files=[], updated_at=now,
         )
         if parent is not None:

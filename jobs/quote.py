@@ -90,6 +90,10 @@ class Quote(BaseModel):
     estimate: Literal[True] = True
     gpu_memory_class_gb: int
 
+    def record(self) -> dict:
+        """What the job stores and shows as `gridline.quote` (`reinforcement` only on reinforcement jobs)."""
+        return self.model_dump(exclude_none=True)
+
     def estimated_finish(self, created_at: int) -> int:
         """OpenAI's `estimated_finish`: the creation time plus the estimate."""
         return created_at + self.estimated_seconds
