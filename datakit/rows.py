@@ -35,8 +35,8 @@ from pipelines.validate_ray import block_ranges
 
 __all__ = ["BadLine", "FileReport", "check_files", "estimate_tokens", "render", "validate"]
 
-_KIND_MARK = {"chat": "c", "preference": "p", None: "-"}
-_MARK_KIND = {"c": "chat", "p": "preference"}
+_KIND_MARK = {"chat": "c", "preference": "p", "reinforcement": "r", None: "-"}
+_MARK_KIND = {"c": "chat", "p": "preference", "r": "reinforcement"}
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _lines(file: StoredFile, start: int, stop: int) -> list[bytes]:
 def _check_range(item: dict, *, files: list[StoredFile]) -> dict:
     lines = _lines(files[item["file"]], item["start"], item["stop"])
     marks, errors = [], []
-    sums = {"chat": [0, 0, 0], "preference": [0, 0, 0]}  # rows, messages, content bytes
+    sums = {kind: [0, 0, 0] for kind in _MARK_KIND.values()}  # rows, messages, content bytes
     for i, line in enumerate(lines, 1):
         try:
             kind, messages, content = check_line(line, i, "fine-tune")

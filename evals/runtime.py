@@ -12,17 +12,10 @@ from collections.abc import Callable, Sequence
 
 from graders import ModelAnswer, ModelRequest, Runtime
 from graders.sandbox import SandboxLimits
-from jobs.model_names import ResolvedModel, resolve_model
-from openft.errors import InvalidRequest
+from jobs.model_names import ResolvedModel, model_checker, resolve_model
 from openft.settings import Settings
-from pipelines.model_grading import GradingEngineSpec, GradingTimeout, PromptRequest, answer_on_ray
+from pipelines.model_grading import GradingMember, GradingSetup, answer_by_base
 from storage.db import Database
-
-
-def sandbox_limits(settings: Settings) -> SandboxLimits:
-    return SandboxLimits(wall_seconds=settings.grader_python_wall_seconds, cpu_seconds=settings.grader_python_cpu_seconds,
-                         memory_bytes=settings.grader_python_memory_bytes, disk_bytes=settings.grader_python_disk_bytes,
-                         max_processes=settings.grader_python_max_processes)
 
 
 def _resolve(db: Database, account_id: str, name: str) -> ResolvedModel | None:
@@ -30,55 +23,23 @@ def _resolve(db: Database, account_id: str, name: str) -> ResolvedModel | None:
         return resolve_model(session, account_id, name)
 
 
-def model_checker(db: Database, account_id: str) -> Callable[[str, str], None]:
-    """The refusal of a grader model the caller cannot use (unknown, another account's, not servable)."""
-
-    def check(name: str, param: str) -> None:
-        resolved = _resolve(db, account_id, name)
-        if resolved is None:
-            raise InvalidRequest(f"{param} does not name a model you can use: a base, or one of your ft: models or "
-                                 "checkpoints.", code="model_not_found", param=param)
-        if not resolved.servable:
-            raise InvalidRequest(f"{param} names a model that cannot answer prompts here: "
-                                 f"{resolved.reason or 'it is not servable.'}", code="model_not_available", param=param)
-
-    return check
-
-
 def model_call(db: Database, store_spec: tuple, settings: Settings,
                account_id: str) -> Callable[[Sequence[ModelRequest]], list[ModelAnswer]]:
     def call(requests: Sequence[ModelRequest]) -> list[ModelAnswer]:
         answers: list[ModelAnswer | None] = [None] * len(requests)
-        by_base: dict[str, list[tuple[int, ResolvedModel]]] = {}
+        members = []
         for i, request in enumerate(requests):
             resolved = _resolve(db, account_id, request.model)  # deleted since validation: answered, not raised
             if resolved is None or not resolved.servable:
                 answers[i] = ModelAnswer(None, error="The grading model is no longer available.")
                 continue
-            by_base.setdefault(resolved.base_id, []).append((i, resolved))
-        for base_id, members in by_base.items():
-            names = sorted({m.name for _, m in members if m.adapter_prefix})
-            alias = {name: f"g{k}" for k, name in enumerate(names)}
-            prefixes = {m.name: m.adapter_prefix for _, m in members if m.adapter_prefix}
-            spec = GradingEngineSpec(base_id, settings.batch_engine, settings.model_source, str(settings.model_cache_dir),
-                                     tuple(store_spec), tuple((alias[n], prefixes[n]) for n in names),
-                                     settings.batch_max_rows_in_flight)
-            prompts = [PromptRequest(alias.get(m.name) if m.adapter_prefix else None, requests[i].messages,
-                                     requests[i].max_tokens, requests[i].temperature, requests[i].top_p,
-                                     requests[i].seed) for i, m in members]
-            try:
-                got = answer_on_ray(spec, prompts, resources=settings.batch_engine_resources,
-                                    timeout_s=settings.grader_model_timeout_seconds, name=f"grader model {base_id}")
-            except GradingTimeout:
-                got = [None] * len(prompts)
-                why = f"The grading model ran past {settings.grader_model_timeout_seconds:g} s."
-            for (i, _), answer in zip(members, got):
-                answers[i] = (ModelAnswer(answer.text, answer.prompt_tokens, answer.completion_tokens, answer.error)
-                              if answer is not None else ModelAnswer(None, error=why))
+            members.append(GradingMember(i, resolved.base_id, resolved.name, resolved.adapter_prefix, request))
+        for i, answer in answer_by_base(GradingSetup.of(settings, store_spec), members, "grader model").items():
+            answers[i] = answer
         return answers  # type: ignore[return-value]
 
     return call
 
 
 def runtime(db: Database, store_spec: tuple, settings: Settings, account_id: str) -> Runtime:
-    return Runtime(model_call=model_call(db, store_spec, settings, account_id), sandbox=sandbox_limits(settings))
+    return Runtime(model_call=model_call(db, store_spec, settings, account_id), sandbox=SandboxLimits.of(settings))

@@ -59,6 +59,13 @@ class SandboxLimits:
     uid_base: int = 200_000  # runs draw an unused-by-accounts uid from [uid_base, uid_base + uid_span)
     uid_span: int = 100_000
 
+    @classmethod
+    def of(cls, settings) -> "SandboxLimits":
+        """The limits the service's settings (`grader_python_*`) give; graders/ reads no settings itself."""
+        return cls(wall_seconds=settings.grader_python_wall_seconds, cpu_seconds=settings.grader_python_cpu_seconds,
+                   memory_bytes=settings.grader_python_memory_bytes, disk_bytes=settings.grader_python_disk_bytes,
+                   max_processes=settings.grader_python_max_processes)
+
 
 @dataclass(frozen=True)
 class PythonRuntime:

@@ -27,6 +27,7 @@ NAMESPACES = ("item", "sample")
 # What the sample namespace holds (OpenAI's guide). output_json is the answer parsed as JSON.
 SAMPLE_FIELDS = ("output_text", "output_json", "output_tools", "choices")
 _MISSING = object()
+MISSING = _MISSING  # what `lookup` answers for a path the value does not hold
 
 
 @dataclass(frozen=True)
@@ -36,22 +37,23 @@ class Reference:
     path: tuple[str | int, ...]  # keys and list indices after the namespace
 
 
-def _shown(text: str) -> str:
+def shown(text: str) -> str:
+    """A reference as a message may name it: the caller's own short name, never a long string."""
     return "{{" + text + "}}" if len(text) <= ECHOED_NAME_CHARS else "a reference over 64 characters"
 
 
 def parse_reference(text: str, param: str) -> Reference:
     match = _WHOLE.fullmatch(text)
     if match is None:
-        raise InvalidRequest(f"{param} has {_shown(text)}: a template names item.<path> or sample.<path>, a path of "
+        raise InvalidRequest(f"{param} has {shown(text)}: a template names item.<path> or sample.<path>, a path of "
                              "keys and [indices].", code="invalid_template", param=param)
     path = tuple(m[1] if m[1] is not None else int(m[2]) for m in _STEP.finditer(match[2]))
     head = match[1]
     if head == "sample" and (not path or path[0] not in SAMPLE_FIELDS):
-        raise InvalidRequest(f"{param} refers to {_shown(text)}; the sample namespace holds "
+        raise InvalidRequest(f"{param} refers to {shown(text)}; the sample namespace holds "
                              + ", ".join(SAMPLE_FIELDS) + ".", code="invalid_template", param=param)
     if head == "sample" and path[0] == "output_text" and len(path) > 1:
-        raise InvalidRequest(f"{param} refers to {_shown(text)}; sample.output_text is a string.",
+        raise InvalidRequest(f"{param} refers to {shown(text)}; sample.output_text is a string.",
                              code="invalid_template", param=param)
     return Reference(text, head, path)
 
@@ -77,7 +79,7 @@ def check(template: str, param: str, scope: Scope) -> list[Reference]:
     for ref in found:
         if ref.namespace == "sample":
             if not scope.sample:
-                raise InvalidRequest(f"{param} refers to {_shown(ref.text)}, but this eval's items carry no sample: "
+                raise InvalidRequest(f"{param} refers to {shown(ref.text)}, but this eval's items carry no sample: "
                                      "set data_source_config.include_sample_schema to true.",
                                      code="invalid_template", param=param)
             continue
@@ -88,7 +90,7 @@ def check(template: str, param: str, scope: Scope) -> list[Reference]:
         else:
             present = True
         if not present:
-            raise InvalidRequest(f"{param} refers to {_shown(ref.text)}, which the item does not have.",
+            raise InvalidRequest(f"{param} refers to {shown(ref.text)}, which the item does not have.",
                                  code="invalid_template", param=param)
     return found
 

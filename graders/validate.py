@@ -26,7 +26,7 @@ from graders.models import (
     StringCheckGrader,
     TextSimilarityGrader,
 )
-from graders.templates import Scope, check
+from graders.templates import Reference, Scope, check, references
 from openft.errors import InvalidRequest, unknown_parameter
 
 MAX_SOURCE_BYTES = 256 * 1024  # OpenAI's limit on a python grader's source
@@ -76,6 +76,28 @@ def validate(raw, param: str = "grader", rules: Rules | None = None, *, nested: 
     grader = _parse(model, raw, param)
     _check(grader, param, rules)
     return grader
+
+
+def record(grader: Grader) -> dict:
+    """The grader as JSON, fields the caller left out left out: what `validate` reads back unchanged."""
+    if isinstance(grader, MultiGrader):
+        return {"type": "multi", "name": grader.name, "calculate_output": grader.calculate_output,
+                "graders": {k: record(g) for k, g in grader.graders.items()}}
+    return grader.model_dump(exclude_none=True)
+
+
+def item_references(grader: Grader, param: str = "grader") -> list[tuple[Reference, str]]:
+    """Every `{{item.<path>}}` the grader's templates name, with the param of the field it is in.
+    A python grader reads the item in its own code, so it names none."""
+    if isinstance(grader, MultiGrader):
+        return [found for key, sub in grader.graders.items()
+                for found in item_references(sub, f"{param}.graders.{key}")]
+    fields: list[tuple[str, str]] = []
+    if isinstance(grader, (StringCheckGrader, TextSimilarityGrader)):
+        fields = [(grader.input, f"{param}.input"), (grader.reference, f"{param}.reference")]
+    elif isinstance(grader, (ScoreModelGrader, LabelModelGrader)):
+        fields = [(m.text(), f"{param}.input[{i}].content") for i, m in enumerate(grader.input)]
+    return [(ref, where) for text, where in fields for ref in references(text, where) if ref.namespace == "item"]
 
 
 def _parse(model, raw: dict, param: str):

@@ -14,10 +14,13 @@ from __future__ import annotations
 import secrets
 import time
 
+from graders.validate import Rules
 from jobs import distilling, limits, transitions
+from jobs.model_names import model_checker
 from jobs.files import check_files, file_facts, job_files
 from jobs.integrations import check_available as check_integrations
-from jobs.params import check_validation_file, file_not_found, parse_create_request
+from jobs.lineage import copy_parent_adapter, find_parent, names_parent
+from jobs.params import ROW_KIND, check_validation_file, file_not_found, parse_create_request
 from openft.errors import InvalidRequest
 from openft.ids import job_id as new_job_id
 from storage import files as files_repo
@@ -28,7 +31,12 @@ from storage.models import Account, Job
 
 
 def create(state: Context, account: Account, body: dict) -> Job:
-    spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31))
+    parent = None
+    if isinstance(body, dict) and names_parent(body.get("model")):
+        with state.db.session() as session:
+            parent = find_parent(session, account.id, body["model"])
+    rules = Rules(check_model=model_checker(state.db, account.id))  # a model grader's model must be the caller's
+    spec = parse_create_request(body, seed_factory=lambda: secrets.randbelow(2**31), parent=parent, grader_rules=rules)
     check_integrations(spec.integrations, state.settings)
     with state.db.session() as session:
         limits.check_open_jobs(session, account)  # fail fast; checked again under the lock below
@@ -37,8 +45,9 @@ def create(state: Context, account: Account, body: dict) -> Job:
     if training.purpose == "batch_output":
         if spec.method_type != "supervised":
             raise InvalidRequest(
-                "training_file is a batch results file, which distills into chat rows; a dpo job trains on preference "
-                "rows. Use method.type supervised, or upload preference rows with purpose=fine-tune.",
+                f"training_file is a batch results file, which distills into chat rows; a {spec.method_type} job trains "
+                f"on {ROW_KIND[spec.method_type]} rows. Use method.type supervised, or upload "
+                f"{ROW_KIND[spec.method_type]} rows with purpose=fine-tune.",
                 code="invalid_file_format", param="training_file",
             )
         if validation is not None:
@@ -59,9 +68,12 @@ def create(state: Context, account: Account, body: dict) -> Job:
             created_at=now, created_ns=time.time_ns(), training_file=spec.training_file,
             validation_file=spec.validation_file, seed=spec.seed, spec=spec.record(),
             job_metadata=spec.metadata or None, user_provided_suffix=spec.suffix,
-            quote=quote.model_dump() if quote else {}, estimated_finish=quote.estimated_finish(now) if quote else None,
+            quote=quote.record() if quote else {}, estimated_finish=quote.estimated_finish(now) if quote else None,
             result_files=[], updated_at=now,
         )
+        if parent is not None:
+            # Before the insert commits: a job row never exists without its starting adapter.
+            copy_parent_adapter(state.store, parent, job.id)
         transitions.add_new(session, job, now)
         if "suffix_ignored" in spec.warnings:
             jobs_repo.add_event(

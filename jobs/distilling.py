@@ -217,7 +217,7 @@ def _distill_for_job(state: Context, account_id: str, job_id: str, owner: str, s
 
         def admit() -> Moved:
             with state.db.session() as session:
-                return distilled(session, state, job_id, owner, now, spec=spec, quote=quote.model_dump(),
+                return distilled(session, state, job_id, owner, now, spec=spec, quote=quote.record(),
                                  estimated_finish=quote.estimated_finish(now), files=list(rows.values()),
                                  derived_event=message)
 

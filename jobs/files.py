@@ -9,6 +9,7 @@ it derived, on a worker thread, and turns a refusal into the job's failure.
 from __future__ import annotations
 
 from catalog.bases import get_base
+from jobs import reinforcement
 from jobs.params import FileFacts, check_job_files, file_not_found
 from jobs.quote import Quote, quote_job
 from jobs.spec import JobSpec
@@ -46,10 +47,11 @@ def check_files(state: Context, spec: JobSpec, training: File, validation: File 
     settings = state.settings
     quote = quote_job(spec, file_facts(training), facts, settings.prices, time_limit_s=settings.job_time_limit_seconds)
     base = get_base(spec.model)
+    item_refs = reinforcement.references(spec.grader) if spec.grader else ()
     for param, row in (("training_file", training), ("validation_file", validation)):
         if row is not None:
             check_file_for_base(
-                state.store.spec(), row.object_key, row_kind=row.stats["row_kind"], base=base,
+                state.store.spec(), row.object_key, row_kind=row.stats["row_kind"], base=base, references=item_refs,
                 model_source=settings.model_source, cache_root=settings.model_cache_dir, param=param,
                 inline_bytes=settings.validate_ray_threshold_bytes, block_bytes=settings.validate_block_bytes,
                 name=f"{row.id} check {base.id}",

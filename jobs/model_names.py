@@ -17,11 +17,13 @@ Anything else is None: an unknown name and another account's model answer alike 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sqlalchemy import select
 
 from catalog.bases import BASES
+from openft.errors import InvalidRequest
 from storage import keys
 from storage.models import Account, FineTunedModel, Job, JobEvent
 
@@ -68,6 +70,23 @@ def resolve_model(session, account_id: str, name: str) -> ResolvedModel | None:
     if servable and model is not None and not model.servable:
         servable, reason = False, model.reason  # a check at registration refused the job's adapter
     return ResolvedModel(name, base.id, "checkpoint", ckpt.adapter_prefix, servable, reason)
+
+
+def model_checker(db, account_id: str) -> Callable[[str, str], None]:
+    """(model name, param) -> None, or the refusal of a model a grader of the account cannot use
+    (unknown, another account's, not servable): evals, the grader endpoints and reinforcement jobs."""
+
+    def check(name: str, param: str) -> None:
+        with db.session() as session:
+            resolved = resolve_model(session, account_id, name)
+        if resolved is None:
+            raise InvalidRequest(f"{param} does not name a model you can use: a base, or one of your ft: models or "
+                                 "checkpoints.", code="model_not_found", param=param)
+        if not resolved.servable:
+            raise InvalidRequest(f"{param} names a model that cannot answer prompts here: "
+                                 f"{resolved.reason or 'it is not servable.'}", code="model_not_available", param=param)
+
+    return check
 
 
 def resolve_checkpoint(session, account_id: str, name: str) -> tuple[Job, KeptCheckpoint] | None:

@@ -29,12 +29,17 @@ Decisions (not fixed by the reference):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
 from catalog.bases import BASES, BaseModelSpec, get_base
+from graders.validate import Rules
 from jobs.integrations import parse_integrations
+from jobs._values import float_in as _float_in
+from jobs._values import int_in as _int_in
+from jobs._values import invalid as _invalid
+from jobs import reinforcement
+from jobs.lineage import Parent
 from jobs.spec import JobSpec
 from openft.errors import InvalidRequest, unknown_parameter
 from openft.holdout import holdout_size
@@ -48,9 +53,12 @@ ADAPTERS = ("lora", "qlora")
 HYPERPARAMETER_KEYS = (
     "n_epochs", "batch_size", "learning_rate_multiplier", "learning_rate", "lora_rank", "lora_alpha", "max_seq_length", "beta"
 )
-AUTO_KEYS = frozenset({"n_epochs", "batch_size", "learning_rate_multiplier", "beta"})
-BASE_LEARNING_RATE = {"supervised": 2e-4, "dpo": 5e-6}
-MIN_LEARNING_RATE = {"supervised": 1e-6, "dpo": 5e-8}
+# A reinforcement job's keys: OpenAI's seven and ours (jobs/reinforcement.py).
+METHOD_KEYS = {"supervised": HYPERPARAMETER_KEYS, "dpo": HYPERPARAMETER_KEYS,
+               "reinforcement": reinforcement.OPENAI_KEYS + reinforcement.OWN_KEYS}
+AUTO_KEYS = frozenset({"n_epochs", "batch_size", "learning_rate_multiplier", "beta"}) | reinforcement.AUTO_KEYS
+BASE_LEARNING_RATE = {"supervised": 2e-4, "dpo": 5e-6, "reinforcement": reinforcement.BASE_LEARNING_RATE}
+MIN_LEARNING_RATE = {"supervised": 1e-6, "dpo": 5e-8, "reinforcement": reinforcement.MIN_LEARNING_RATE}
 MAX_LEARNING_RATE = 1e-2
 DEFAULT_BETA = 0.1
 SHORT_CONTEXT = 2048
@@ -59,7 +67,7 @@ MAX_SEED = 2**31 - 1
 METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
 SUFFIX_CHARS = 64
 
-ROW_KIND = {"supervised": "chat", "dpo": "preference"}
+ROW_KIND = {"supervised": "chat", "dpo": "preference", "reinforcement": "reinforcement"}
 MIN_TRAINING_ROWS = 10
 
 
@@ -79,23 +87,26 @@ class FileFacts:
     token_estimates: dict[str, int]  # per base id; absent for files uploaded before the estimate
 
 
-def _invalid(message: str, param: str | None, code: str = "invalid_value") -> InvalidRequest:
-    return InvalidRequest(message, code=code, param=param)
-
-
-def parse_create_request(body: dict, *, seed_factory: Callable[[], int]) -> JobSpec:
-    """Validate a create body and fill every default; raises `InvalidRequest` on the first fault."""
+def parse_create_request(
+    body: dict, *, seed_factory: Callable[[], int], parent: Parent | None = None, grader_rules: Rules | None = None
+) -> JobSpec:
+    """Validate a create body and fill every default; raises `InvalidRequest` on the first fault.
+    `parent`: what `model` names when it is an ft: model or checkpoint (jobs/lineage.py `find_parent`);
+    `grader_rules`: how a reinforcement job's grader is checked (the caller's models for model graders)."""
     if not isinstance(body, dict):
         raise _invalid("The request body must be a JSON object.", None, "invalid_request")
     for key in body:
         if key not in CREATE_FIELDS:
             raise unknown_parameter(key)
-    base = get_base(_string(body, "model", required=True))
+    model = _string(body, "model", required=True)
+    base = get_base(parent.base_id if parent is not None else model)
     training_file = _string(body, "training_file", required=True)
     validation_file = _string(body, "validation_file")
-    method_type, adapter, method_hp = _method(body.get("method"), base)
+    method_type, adapter, method_hp, grader = _method(body.get("method"), base)
     raw, path = _hyperparameters_source(body.get("hyperparameters"), method_hp, method_type)
-    hp = _hyperparameters(raw, path, base, method_type, adapter)
+    hp = _hyperparameters(raw, path, base, method_type, adapter, parent)
+    if method_type == "reinforcement":
+        hp["grader"] = reinforcement.parse_grader(grader, "method.reinforcement.grader", grader_rules)
     suffix = _suffix(body.get("suffix"))
     integrations = parse_integrations(body.get("integrations"))
     seed = body.get("seed")
@@ -110,6 +121,7 @@ def parse_create_request(body: dict, *, seed_factory: Callable[[], int]) -> JobS
         validation_file=validation_file,
         warnings=("suffix_ignored",) if suffix else (),
         integrations=integrations,
+        parent=parent.record() if parent is not None else None,
         **hp,
     )
 
@@ -123,30 +135,31 @@ def _string(body: dict, key: str, *, required: bool = False) -> str | None:
     return value
 
 
-def _method(raw: Any, base: BaseModelSpec) -> tuple[str, str, Any]:
-    """(method type, adapter, the method's own hyperparameters or None)."""
+_METHOD_FORMS = 'method must be "lora", "qlora" or an object {"type": "supervised" | "dpo" | "reinforcement", ...}.'
+
+
+def _method(raw: Any, base: BaseModelSpec) -> tuple[str, str, Any, Any]:
+    """(method type, adapter, the method's own hyperparameters or None, a reinforcement job's grader as sent)."""
     if raw is None:
-        return "supervised", base.default_adapter, None
+        return "supervised", base.default_adapter, None, None
     if isinstance(raw, str):
         if raw == "reinforcement":
-            raise _invalid("Reinforcement fine-tuning is not offered; use supervised or dpo.", "method", "unsupported_method")
+            raise _invalid('Reinforcement fine-tuning needs a grader: send method {"type": "reinforcement", '
+                           '"reinforcement": {"grader": {...}}}.', "method")
         if raw not in ADAPTERS:
-            raise _invalid(
-                'method must be "lora", "qlora" or an object {"type": "supervised" | "dpo", ...}.', "method"
-            )
-        return "supervised", _adapter(raw, base, "method"), None
+            raise _invalid(_METHOD_FORMS, "method")
+        return "supervised", _adapter(raw, base, "method"), None, None
     if not isinstance(raw, dict):
-        raise _invalid('method must be "lora", "qlora" or an object {"type": "supervised" | "dpo", ...}.', "method")
+        raise _invalid(_METHOD_FORMS, "method")
     for key in raw:
         if key != "type" and key not in METHOD_TYPES:
             raise unknown_parameter(key, "method")
     method_type = raw.get("type")
     if method_type is None:
-        raise _invalid("method.type is required: supervised or dpo.", "method.type", "missing_required_parameter")
-    if method_type == "reinforcement":
-        raise _invalid("Reinforcement fine-tuning is not offered; use supervised or dpo.", "method.type", "unsupported_method")
+        raise _invalid("method.type is required: supervised, dpo or reinforcement.", "method.type",
+                       "missing_required_parameter")
     if method_type not in METHOD_TYPES:
-        raise _invalid("method.type must be supervised or dpo.", "method.type")
+        raise _invalid("method.type must be supervised, dpo or reinforcement.", "method.type")
     for other in METHOD_TYPES:
         if other != method_type and raw.get(other) is not None:
             raise _invalid(
@@ -158,12 +171,13 @@ def _method(raw: Any, base: BaseModelSpec) -> tuple[str, str, Any]:
     settings = {} if settings is None else settings
     if not isinstance(settings, dict):
         raise _invalid(f"method.{method_type} must be an object.", f"method.{method_type}")
+    allowed = ("hyperparameters", "adapter", "grader") if method_type == "reinforcement" else ("hyperparameters", "adapter")
     for key in settings:
-        if key not in ("hyperparameters", "adapter"):
+        if key not in allowed:
             raise unknown_parameter(key, f"method.{method_type}")
     adapter = settings.get("adapter")
     adapter = base.default_adapter if adapter is None else _adapter(adapter, base, f"method.{method_type}.adapter")
-    return method_type, adapter, settings.get("hyperparameters")
+    return method_type, adapter, settings.get("hyperparameters"), settings.get("grader")
 
 
 def _adapter(value: Any, base: BaseModelSpec, param: str) -> str:
@@ -191,12 +205,15 @@ def _hyperparameters_source(top: Any, in_method: Any, method_type: str) -> tuple
     return in_method or {}, method_path
 
 
-def _hyperparameters(raw: dict, path: str, base: BaseModelSpec, method_type: str, adapter: str) -> dict[str, Any]:
+def _hyperparameters(
+    raw: dict, path: str, base: BaseModelSpec, method_type: str, adapter: str, parent: Parent | None
+) -> dict[str, Any]:
     for key in raw:
-        if key not in HYPERPARAMETER_KEYS:
+        if key not in METHOD_KEYS[method_type]:
             raise unknown_parameter(key, path)
-    if raw.get("beta") is not None and method_type != "dpo":
-        raise _invalid(f"{path}.beta applies to DPO jobs only (method.type dpo).", f"{path}.beta", "unknown_parameter")
+    if raw.get("beta") is not None and method_type == "supervised":
+        raise _invalid(f"{path}.beta applies to DPO and reinforcement jobs only (method.type dpo or reinforcement).",
+                       f"{path}.beta", "unknown_parameter")
 
     def given(key: str) -> Any:
         value = raw.get(key)
@@ -221,27 +238,45 @@ def _hyperparameters(raw: dict, path: str, base: BaseModelSpec, method_type: str
     if method_type == "dpo":
         beta = given("beta")
         beta = DEFAULT_BETA if beta is None else _float_in(beta, f"{path}.beta", 0, 2, open_low=True)
+    elif method_type == "reinforcement":  # the KL coefficient; 0 drops the KL term (Dr. GRPO, DAPO)
+        beta = given("beta")
+        beta = reinforcement.KL_BETA if beta is None else _float_in(beta, f"{path}.beta", 0, 2)
 
     max_seq_length = int_or("max_seq_length", SHORT_CONTEXT, MIN_SEQ_LENGTH, 10**9)
-    lora_rank = int_or("lora_rank", 16, 1, 10**9)
+    lora_rank = int_or("lora_rank", parent.lora_rank if parent else 16, 1, 10**9)
+    lora_alpha = int_or("lora_alpha", parent.lora_alpha if parent else 32, 1, 256)
+    if parent is not None:
+        _check_parent(parent, lora_rank, lora_alpha, path)
     _check_context(max_seq_length, lora_rank, base, method_type, adapter, path)
-    return {
+    extra = reinforcement.hyperparameters(given, path, base) if method_type == "reinforcement" else {}
+    return extra | {
         "n_epochs": int_or("n_epochs", 1, 1, 10),
         "batch_size": int_or("batch_size", 8, 1, 64),
         "learning_rate": lr,
         "learning_rate_multiplier": lrm,
         "lora_rank": lora_rank,
-        "lora_alpha": int_or("lora_alpha", 32, 1, 256),
+        "lora_alpha": lora_alpha,
         "max_seq_length": max_seq_length,
         "beta": beta,
     }
+
+
+def _check_parent(parent: Parent, rank: int, alpha: int, path: str) -> None:
+    """The new adapter starts from the parent's weights, so it keeps their shape and scale."""
+    for key, given, theirs in (("lora_rank", rank, parent.lora_rank), ("lora_alpha", alpha, parent.lora_alpha)):
+        if given != theirs:
+            raise _invalid(
+                f"{key} {given} differs from the parent model's {key} {theirs}: a job that continues from an ft: "
+                f"model keeps its adapter's {key}; leave {key} out or set it to {theirs}.",
+                f"{path}.{key}",
+            )
 
 
 def _check_context(max_seq_length: int, rank: int, base: BaseModelSpec, method_type: str, adapter: str, path: str) -> None:
     """The base's rank cap for the method, and the long-context rules above 2,048 tokens."""
     limit = base.max_seq_length if method_type == "supervised" else SHORT_CONTEXT
     if max_seq_length > limit:
-        where = "DPO" if method_type == "dpo" else base.id
+        where = {"dpo": "DPO", "reinforcement": "reinforcement fine-tuning"}.get(method_type, base.id)
         fix = "lower max_seq_length"
         if not base.long_context:
             long_bases = ", ".join(b.id for b in BASES.values() if b.long_context)
@@ -262,27 +297,6 @@ def _check_context(max_seq_length: int, rank: int, base: BaseModelSpec, method_t
             f"above 2,048; lower lora_rank or max_seq_length.",
             f"{path}.lora_rank",
         )
-
-
-def _int_in(value: Any, param: str, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
-        bound = f"from {lo} to {hi}" if hi < 10**9 else f"of at least {lo}"
-        raise _invalid(f"{param} must be an integer {bound}.", param)
-    return value
-
-
-def _float_in(value: Any, param: str, lo: float, hi: float, *, open_low: bool = False) -> float:
-    ok = (
-        not isinstance(value, bool)
-        and isinstance(value, (int, float))
-        and math.isfinite(value)
-        and (lo < value if open_low else lo <= value)
-        and value <= hi
-    )
-    if not ok:
-        low = f"above {lo:g}" if open_low else f"from {lo:g}"
-        raise _invalid(f"{param} must be a number {low} to {hi:g}.", param)
-    return float(value)
 
 
 def _metadata(raw: Any) -> dict[str, str]:
@@ -359,15 +373,22 @@ def _check_file(spec: JobSpec, param: str, facts: FileFacts) -> None:
         )
     wanted = ROW_KIND[spec.method_type]
     if facts.row_kind != wanted:
-        if spec.method_type == "dpo":
-            fix = "upload preference rows (input, preferred_output, non_preferred_output) or use method.type supervised"
-        else:
-            fix = 'upload chat rows ({"messages": [...]}) or use method.type dpo for preference rows'
         raise _invalid(
-            f"{param} holds {facts.row_kind or 'unknown'} rows; a {spec.method_type} job trains on {wanted} rows: {fix}.",
+            f"{param} holds {facts.row_kind or 'unknown'} rows; a {spec.method_type} job trains on {wanted} rows: "
+            f"{_ROW_FIX[spec.method_type]}.",
             param,
             "invalid_file_format",
         )
+
+
+_ROW_FIX = {
+    "supervised": 'upload chat rows ({"messages": [...]} with an assistant turn) or use method.type dpo for preference '
+                  "rows, reinforcement for prompts",
+    "dpo": "upload preference rows (input, preferred_output, non_preferred_output) or use method.type supervised",
+    # A file holds one kind of row (the upload refuses a mix), so its first line already has the wrong shape.
+    "reinforcement": "from line 1 on, the file's rows are not prompts; upload rows whose messages end with a user "
+                     "turn and hold no assistant turn, with the fields the grader reads",
+}
 
 
 def check_validation_file(spec: JobSpec, validation: FileFacts) -> None:

@@ -14,6 +14,17 @@ Timing model (conservative, as the reference's "Limits" asks):
   holdout rows are not subtracted: the estimate stays an upper side). A file uploaded before
   per-base estimates existed has none and counts its byte-based upper bound instead.
 
+Reinforcement (issue 26): a step samples `samples_per_prompt` completions per prompt and trains on
+each (prompt + completion) sequence, so the training tokens per epoch are samples x (the prompts'
+estimate + rows x `max_completion_tokens`), an upper side (completions stop at their end-of-turn).
+Time adds generating every completion at a `GENERATION_SLOWDOWN`-th of the training speed (one token
+per forward, where training takes a whole sequence per pass), the reference (KL) forward at a third
+of a step, and the validation reward: validation prompts x `eval_samples` completions generated at
+each evaluation (before, every `eval_interval` steps, after). Model graders read each completion with
+their prompt: `GRADER_PROMPT_TOKENS` + the completion in, `DEFAULT_MAX_TOKENS` out, per grader,
+generated too. The trained tokens are charged at the DPO rate (twice supervised on the default
+table): each is generated as well as trained.
+
 Money: USD as floats holding whole cents, computed in `Decimal` from the rates' decimal text.
 `estimated_usd` rounds half up and may be below the minimum (the reference says so);
 `max_charge_usd` rounds up, counted at the token upper bound x epochs at the method's rate, and is
@@ -42,6 +53,8 @@ STARTUP_SECONDS = 120
 EVAL_SPEEDUP = 3  # a forward pass costs about a third of forward + backward
 EVAL_PASSES = 2  # eval loss before and after training
 DPO_SLOWDOWN = 2
+GENERATION_SLOWDOWN = 4  # a generated token costs about four trained ones (one token per forward, batched)
+GRADER_PROMPT_TOKENS = 512  # a model grader's own prompt around the completion
 LARGE_GPU_GB = 48  # DPO and long-context jobs always train on a 48 GB GPU
 CENT = Decimal("0.01")
 
@@ -69,9 +82,17 @@ class Quote(BaseModel):
     """Cost of the estimated tokens at the rate; not what is charged (see `per_token`)."""
     basis: str
     """The estimate's assumptions, in words."""
+    reinforcement: dict | None = None
+    """Reinforcement jobs: `{samples_per_prompt, generated_tokens, grader_tokens, evaluations}`, the
+    tokens generated per job (completions, and model graders' prompts and answers) and the validation
+    evaluations counted in `estimated_seconds`."""
     per_token: PerToken
     estimate: Literal[True] = True
     gpu_memory_class_gb: int
+
+    def record(self) -> dict:
+        """What the job stores and shows as `gridline.quote` (`reinforcement` only on reinforcement jobs)."""
+        return self.model_dump(exclude_none=True)
 
     def estimated_finish(self, created_at: int) -> int:
         """OpenAI's `estimated_finish`: the creation time plus the estimate."""
@@ -101,9 +122,35 @@ def _estimate(facts: FileFacts, model: str) -> int:
     return facts.token_estimates.get(model, facts.token_upper_bound)
 
 
+@dataclass(frozen=True)
+class Generation:
+    """What a reinforcement job generates besides what it trains."""
+
+    completions: int  # generated completion tokens over every epoch (upper side)
+    grader_tokens: int  # model graders' prompt and answer tokens
+    evaluations: int  # validation evaluations, before and after included
+    eval_tokens: int  # tokens generated for them
+
+
+def reinforcement_generation(spec: JobSpec, training: FileFacts, validation: FileFacts | None) -> Generation:
+    from graders.model_graders import DEFAULT_MAX_TOKENS
+    from jobs.reinforcement import uses_model_graders
+
+    k, completion = spec.samples_per_prompt, spec.max_completion_tokens
+    completions = training.rows * k * completion * spec.n_epochs
+    per_grade = GRADER_PROMPT_TOKENS + completion + DEFAULT_MAX_TOKENS
+    graded = completions // completion * per_grade if uses_model_graders(spec.grader) else 0
+    steps = _ceil_div(training.rows, spec.batch_size) * spec.n_epochs
+    evaluations = 2 + steps // spec.eval_interval
+    eval_rows = eval_rows_for(spec, training, validation)
+    return Generation(completions, graded, evaluations, evaluations * eval_rows * spec.eval_samples * completion)
+
+
 def estimate_workload(
     spec: JobSpec, training: FileFacts, validation: FileFacts | None, time_limit_s: float = TIME_LIMIT_SECONDS
 ) -> Workload:
+    if spec.method_type == "reinforcement":
+        return _reinforcement_workload(spec, training, validation, time_limit_s)
     base = get_base(spec.model)
     fit = base.fit_tokens[spec.adapter]
     slowdown = DPO_SLOWDOWN if spec.method_type == "dpo" else 1
@@ -130,6 +177,29 @@ def estimate_workload(
     )
 
 
+def _reinforcement_workload(spec: JobSpec, training: FileFacts, validation: FileFacts | None,
+                            time_limit_s: float) -> Workload:
+    fit = get_base(spec.model).fit_tokens[spec.adapter]
+    gen = reinforcement_generation(spec, training, validation)
+    k = spec.samples_per_prompt
+    per_epoch = k * (_estimate(training, spec.model) + training.rows * spec.max_completion_tokens)
+    eval_rows = eval_rows_for(spec, training, validation)
+    # Trained tokens once forward and backward plus the reference forward (a third), then generation.
+    train_work = per_epoch * spec.n_epochs * 4 + (gen.completions + gen.grader_tokens) * GENERATION_SLOWDOWN * 3
+    train_seconds = _ceil_div(train_work * FIT_SECONDS, 3 * fit)
+    eval_seconds = _ceil_div(gen.eval_tokens * GENERATION_SLOWDOWN * FIT_SECONDS, fit)
+    budget = max(int(time_limit_s) - STARTUP_SECONDS - eval_seconds, 0)
+    # The trained tokens that fit, at this job's mix of training and generation per trained token.
+    per_token_seconds = train_seconds / max(per_epoch * spec.n_epochs, 1)
+    return Workload(
+        tokens_per_epoch=per_epoch, training_tokens=per_epoch * spec.n_epochs, eval_rows=eval_rows,
+        eval_tokens=gen.eval_tokens, eval_seconds=eval_seconds, train_seconds=train_seconds,
+        seconds=STARTUP_SECONDS + eval_seconds + train_seconds,
+        fit_tokens=int(budget / per_token_seconds) if per_token_seconds else 0,
+        tokens_per_second=per_epoch * spec.n_epochs / max(train_seconds, 1),
+    )
+
+
 def _usd(tokens: int, rate: float, rounding: str) -> Decimal:
     return (Decimal(tokens) * Decimal(str(rate)) / 1_000_000).quantize(CENT, rounding=rounding)
 
@@ -146,9 +216,16 @@ def quote_job(
         raise _too_large(spec, base, training, validation, work, time_limit_s)
     rate = prices.trained_usd_per_mtok(spec.model, spec.method_type)
     upper = training.token_upper_bound * spec.n_epochs
+    extra = None
+    if spec.method_type == "reinforcement":
+        gen = reinforcement_generation(spec, training, validation)
+        upper = spec.samples_per_prompt * (training.token_upper_bound + training.rows * spec.max_completion_tokens)
+        upper *= spec.n_epochs
+        extra = {"samples_per_prompt": spec.samples_per_prompt, "generated_tokens": gen.completions + gen.eval_tokens,
+                 "grader_tokens": gen.grader_tokens, "evaluations": gen.evaluations}
     minimum = Decimal(str(prices.minimum_usd)).quantize(CENT, rounding=ROUND_CEILING)
     max_charge = max(_usd(upper, rate, ROUND_CEILING), minimum)
-    long_context = spec.method_type == "dpo" or spec.max_seq_length > 2048
+    long_context = spec.method_type != "supervised" or spec.max_seq_length > 2048
     return Quote(
         training_tokens_upper_bound=upper,
         training_tokens_per_epoch_upper_bound=training.token_upper_bound,
@@ -159,6 +236,7 @@ def quote_job(
         basis=_basis(spec, base, validation, work, rate, training.token_upper_bound),
         per_token=PerToken(trained_usd_per_mtok=rate, minimum_usd=float(minimum), max_charge_usd=float(max_charge)),
         gpu_memory_class_gb=max(base.gpu_memory_class_gb, LARGE_GPU_GB) if long_context else base.gpu_memory_class_gb,
+        reinforcement=extra,
     )
 
 
@@ -177,7 +255,7 @@ def _duration(seconds: int) -> str:
 
 
 def _speed(spec: JobSpec, work: Workload) -> str:
-    dpo = ", half speed for DPO" if spec.method_type == "dpo" else ""
+    dpo = {"dpo": ", half speed for DPO", "reinforcement": ", sampling and training"}.get(spec.method_type, "")
     return f"{work.tokens_per_second:,.0f} tokens per second ({spec.adapter}{dpo})"
 
 

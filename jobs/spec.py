@@ -17,7 +17,7 @@ _DERIVED_KEYS = frozenset({"hyperparameters", "method"})
 @dataclass(frozen=True)
 class JobSpec:
     model: str
-    method_type: Literal["supervised", "dpo"]
+    method_type: Literal["supervised", "dpo", "reinforcement"]
     adapter: Literal["lora", "qlora"]
     n_epochs: int
     batch_size: int
@@ -26,7 +26,7 @@ class JobSpec:
     lora_rank: int
     lora_alpha: int
     max_seq_length: int
-    beta: float | None  # DPO only
+    beta: float | None  # DPO's beta; reinforcement's KL coefficient
     seed: int
     metadata: dict[str, str]
     suffix: str | None
@@ -37,6 +37,17 @@ class JobSpec:
     derived_from: dict[str, Any] | None = None
     # The `integrations` in their wire form (jobs/integrations.py), as the job object returns them.
     integrations: tuple[dict[str, Any], ...] = field(default=())
+    # The ft: model or checkpoint the job continues from (jobs/lineage.py `Parent.record`), if any.
+    parent: dict[str, Any] | None = None
+    # Reinforcement only (jobs/reinforcement.py has their meaning and defaults); None otherwise.
+    grader: dict[str, Any] | None = None  # graders.validate.record form
+    compute_multiplier: float | None = None
+    samples_per_prompt: int | None = None  # completions per prompt, from compute_multiplier
+    eval_interval: int | None = None
+    eval_samples: int | None = None
+    reasoning_effort: str | None = None
+    max_completion_tokens: int | None = None
+    temperature: float | None = None
 
     def hyperparameters_wire(self, method: bool = False) -> dict[str, Any]:
         """The job object's `hyperparameters`: OpenAI's three fields, then ours. `beta` only in
@@ -52,13 +63,23 @@ class JobSpec:
         }
         if method and self.method_type == "dpo":
             wire["beta"] = self.beta
+        if method and self.method_type == "reinforcement":  # OpenAI's seven, then ours
+            wire = {
+                "batch_size": self.batch_size, "compute_multiplier": self.compute_multiplier,
+                "eval_interval": self.eval_interval, "eval_samples": self.eval_samples,
+                "learning_rate_multiplier": self.learning_rate_multiplier, "n_epochs": self.n_epochs,
+                "reasoning_effort": self.reasoning_effort, "samples_per_prompt": self.samples_per_prompt,
+                "max_completion_tokens": self.max_completion_tokens, "temperature": self.temperature, "beta": self.beta,
+                "learning_rate": self.learning_rate, "lora_rank": self.lora_rank, "lora_alpha": self.lora_alpha,
+                "max_seq_length": self.max_seq_length,
+            }
         return wire
 
     def method_wire(self) -> dict[str, Any]:
-        return {
-            "type": self.method_type,
-            self.method_type: {"hyperparameters": self.hyperparameters_wire(method=True), "adapter": self.adapter},
-        }
+        settings = {"hyperparameters": self.hyperparameters_wire(method=True), "adapter": self.adapter}
+        if self.method_type == "reinforcement":
+            settings = {"grader": self.grader, **settings}
+        return {"type": self.method_type, self.method_type: settings}
 
     def with_derived(self, derived: dict[str, Any]) -> "JobSpec":
         return replace(self, derived_from=derived)

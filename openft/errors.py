@@ -160,6 +160,7 @@ ERROR_CODES = (
     "platform_interrupted",
     "adapter_too_large",
     "training_failed",
+    "grader_failed",  # reinforcement: the grader failed on every sample of a step (train/rft.py)
 )
 
 

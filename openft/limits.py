@@ -16,4 +16,5 @@ FILE_BYTES = {"fine-tune": 64 * MIB, "batch": 200 * MIB, "batch_output": 200 * M
 FINE_TUNE_FILE_BYTES = FILE_BYTES["fine-tune"]
 
 # The largest adapter a job may register, by method (the reference's limits).
-ADAPTER_BYTES = {"supervised": 383 * MIB, "dpo": 128 * MIB}
+# Reinforcement adapters take the supervised ranks (jobs/params.py), so the supervised limit.
+ADAPTER_BYTES = {"supervised": 383 * MIB, "dpo": 128 * MIB, "reinforcement": 383 * MIB}

@@ -64,4 +64,5 @@ class PriceTable(BaseModel):
 
     def trained_usd_per_mtok(self, model: str, method_type: str) -> float:
         rate = self.rates[model]
-        return rate.dpo_usd_per_mtok if method_type == "dpo" else rate.supervised_usd_per_mtok
+        # Reinforcement's trained tokens are also generated: DPO's rate (jobs/quote.py says why).
+        return rate.dpo_usd_per_mtok if method_type in ("dpo", "reinforcement") else rate.supervised_usd_per_mtok

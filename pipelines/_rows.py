@@ -54,7 +54,7 @@ class FileValidationError(InvalidRequest):
 
 
 class LineInfo(NamedTuple):
-    kind: str | None  # "chat" | "preference"; None for batch lines
+    kind: str | None  # "chat" | "preference" | "reinforcement"; None for batch lines
     messages: int
     content_bytes: int
 
@@ -171,20 +171,25 @@ def _check_messages(messages: list, where: str, code: str) -> tuple[int, bool, b
     return content_bytes, assistant, trained, role
 
 
-def _check_chat(row: dict) -> LineInfo:
-    if len(row) != 1:
-        raise _unsupported_key(row, CHAT_KEYS, "the row")
+def _row_messages(row: dict) -> tuple[int, int, bool, str]:
+    """A chat or reinforcement row's `messages`: (count, content bytes, has one of weight 1, last role)."""
     messages = row["messages"]
     if type(messages) is not list or not messages:
         raise _fail("invalid_messages", "'messages' must be a non-empty list of message objects.")
     if len(messages) > MAX_MESSAGES:
         raise _fail("too_many_messages", "the row has more than 1,024 messages; split the conversation.")
-    content_bytes, assistant, trained, _ = _check_messages(messages, "", "invalid_messages")
-    if not assistant:
-        raise _fail("invalid_messages", "the row has no assistant message; every row needs one to train on.")
+    content_bytes, _, trained, last_role = _check_messages(messages, "", "invalid_messages")
+    return len(messages), content_bytes, trained, last_role
+
+
+def _check_chat(row: dict) -> LineInfo:
+    """Called for rows that name an assistant message (`check_fine_tune_line`)."""
+    if len(row) != 1:
+        raise _unsupported_key(row, CHAT_KEYS, "the row")
+    count, content_bytes, trained, _ = _row_messages(row)
     if not trained:
         raise _fail("invalid_messages", "every assistant message has weight 0; give at least one weight 1 to train on.")
-    return LineInfo("chat", len(messages), content_bytes)
+    return LineInfo("chat", count, content_bytes)
 
 
 def _check_output(row: dict, field: str) -> str:
@@ -233,13 +238,36 @@ def _check_preference(row: dict) -> LineInfo:
     return LineInfo("preference", len(messages) + 2, content_bytes + _utf8_len(preferred) + _utf8_len(non_preferred))
 
 
+def _names_assistant(messages: Any) -> bool:
+    return type(messages) is list and any(type(m) is dict and m.get("role") == "assistant" for m in messages)
+
+
+def _check_reinforcement(row: dict) -> LineInfo:
+    """OpenAI's reinforcement row: `messages` is the prompt (ending with a user turn, no assistant
+    turn to imitate) and any other top-level field is the grader's `{{item.<field>}}`. Only the
+    tool fields stay refused, as in chat rows: nothing here runs tools."""
+    for key in row:
+        if key in REFUSED_ROW_FIELDS:
+            raise _unsupported_key({key: None}, frozenset({"messages"}), "the row")
+    count, content_bytes, _, last_role = _row_messages(row)
+    if last_role != "user":
+        if len(row) == 1:
+            raise _fail("invalid_messages", "the row has no assistant message (a chat row needs one to train on) and "
+                                            "does not end with a user message (a reinforcement row's prompt does).")
+        raise _fail("invalid_reinforcement_row", "a reinforcement row's messages are the prompt: they end with a user "
+                                                 "message.")
+    return LineInfo("reinforcement", count, content_bytes)
+
+
 def check_fine_tune_line(line: bytes) -> LineInfo:
+    """A row's kind is its shape: `messages` with an assistant turn is chat (only `messages`), without
+    one it is a reinforcement prompt (other fields allowed); `input` and the two outputs, preference."""
     row = _parse(line)
     if "messages" in row:
-        return _check_chat(row)
+        return _check_chat(row) if _names_assistant(row["messages"]) else _check_reinforcement(row)
     if "input" in row or "preferred_output" in row or "non_preferred_output" in row:
         return _check_preference(row)
-    raise _fail("invalid_messages", "the row has no 'messages' list (chat) nor 'input' (preference).")
+    raise _fail("invalid_messages", "the row has no 'messages' list (chat or reinforcement) nor 'input' (preference).")
 
 
 def check_batch_line(line: bytes) -> LineInfo:

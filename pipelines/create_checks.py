@@ -16,21 +16,42 @@ import orjson
 
 from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import load_tokenizer, parse_model_source
+from graders.templates import MISSING, Reference, lookup, shown
 from openft.errors import InvalidRequest
 from pipelines._items import item_dataset
 from pipelines.validate import FileValidationError, check_line
-from pipelines.render import check_preference_row_for_base, check_row_for_base, render_preference_row, render_row
+from pipelines.render import (
+    check_preference_row_for_base,
+    check_row_for_base,
+    render_generation_prompt,
+    render_preference_row,
+    render_row,
+)
 from storage.objects import open_object_store
 
 
-def check_line_for_base(line: bytes, line_no: int, row_kind: str, base: BaseModelSpec, tokenizer, param: str) -> None:
+def check_line_for_base(line: bytes, line_no: int, row_kind: str, base: BaseModelSpec, tokenizer, param: str,
+                        references: References = ()) -> None:
+    """`references`: a reinforcement job's grader's `{{item.*}}` references, each of which the row
+    must hold (OpenAI's RFT rows are the grader's items)."""
     row = _row_of_kind(line, line_no, row_kind, param)
     if row_kind == "preference":
         check_preference_row_for_base(row, base, line_no, param)
         render_preference_row(row, tokenizer, base, line_no, param)
+    elif row_kind == "reinforcement":
+        render_generation_prompt(row["messages"], tokenizer, base, line_no, param)
+        for ref, where in references:
+            if lookup(row, ref.path) is MISSING:
+                raise InvalidRequest(
+                    f"line {line_no} has no field for {shown(ref.text)}, which {where} reads; every row must hold "
+                    "every field the grader reads. Add it to the row, or change the grader.",
+                    code="invalid_template", param=param)
     else:
         check_row_for_base(row["messages"], base, line_no, param)
         render_row(row["messages"], tokenizer, base, line_no, param)
+
+
+References = tuple[tuple[Reference, str], ...]
 
 
 def _row_of_kind(line: bytes, line_no: int, row_kind: str, param: str) -> dict:
@@ -50,12 +71,13 @@ def _row_of_kind(line: bytes, line_no: int, row_kind: str, param: str) -> dict:
     return orjson.loads(line)
 
 
-def first_bad_line(lines: Iterable[bytes], row_kind: str, base: BaseModelSpec, tokenizer, param: str) -> tuple[int, int] | None:
+def first_bad_line(lines: Iterable[bytes], row_kind: str, base: BaseModelSpec, tokenizer, param: str,
+                   references: References = ()) -> tuple[int, int] | None:
     """(index, byte offset) of the first line that fails within `lines`, or None."""
     offset = 0
     for index, line in enumerate(lines):
         try:
-            check_line_for_base(line, index + 1, row_kind, base, tokenizer, param)
+            check_line_for_base(line, index + 1, row_kind, base, tokenizer, param, references)
         except InvalidRequest:
             return index, offset
         offset += len(line) + 1
@@ -70,12 +92,12 @@ def _lines(data: bytes) -> list[bytes]:
 
 
 def _check_range(item: dict[str, Any], *, store_spec: tuple, key: str, row_kind: str, base_id: str,
-                 model_source: str, cache_root: str, param: str) -> dict[str, Any]:
+                 model_source: str, cache_root: str, param: str, references: References = ()) -> dict[str, Any]:
     base = get_base(base_id)
     tokenizer = load_tokenizer(base, parse_model_source(model_source), Path(cache_root))
     data = open_object_store(*store_spec).read_range(key, item["start"], item["stop"])
     lines = _lines(data)
-    bad = first_bad_line(lines, row_kind, base, tokenizer, param)
+    bad = first_bad_line(lines, row_kind, base, tokenizer, param, references)
     return {
         "index": item["index"],
         "lines": len(lines),
@@ -86,7 +108,7 @@ def _check_range(item: dict[str, Any], *, store_spec: tuple, key: str, row_kind:
 
 def check_file_for_base(
     store_spec: tuple, key: str, *, row_kind: str, base: BaseModelSpec, model_source: str, cache_root: Path,
-    param: str, inline_bytes: int, block_bytes: int, name: str | None = None,
+    param: str, inline_bytes: int, block_bytes: int, name: str | None = None, references: References = (),
 ) -> None:
     """Raise the refusal of the file's first bad row (its line number in the message), or return.
     `name` names the Ray Data dataset of a file past `inline_bytes` (`<file id> check <base>`)."""
@@ -96,7 +118,7 @@ def check_file_for_base(
         tokenizer = load_tokenizer(base, parse_model_source(model_source), cache_root)
         lines = _lines(store.get_bytes(key))
         for line_no, line in enumerate(lines, start=1):
-            check_line_for_base(line, line_no, row_kind, base, tokenizer, param)
+            check_line_for_base(line, line_no, row_kind, base, tokenizer, param, references)
         return
     from pipelines.validate_ray import block_ranges
 
@@ -106,7 +128,7 @@ def check_file_for_base(
     results = sorted(
         ds.map(_check_range, fn_kwargs={
             "store_spec": tuple(store_spec), "key": key, "row_kind": row_kind, "base_id": base.id,
-            "model_source": model_source, "cache_root": str(cache_root), "param": param,
+            "model_source": model_source, "cache_root": str(cache_root), "param": param, "references": references,
         }).take_all(),
         key=lambda r: r["index"],
     )
@@ -117,5 +139,5 @@ def check_file_for_base(
             line_no = lines_before + result["bad_index"] + 1
             raw = store.read_range(key, result["bad_offset"], min(result["bad_offset"] + (1 << 20) + 2, size))
             tokenizer = load_tokenizer(base, parse_model_source(model_source), cache_root)
-            check_line_for_base(_lines(raw)[0], line_no, row_kind, base, tokenizer, param)
+            check_line_for_base(_lines(raw)[0], line_no, row_kind, base, tokenizer, param, references)
         lines_before += result["lines"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from catalog.bases import get_base
 from openft.errors import InvalidRequest
+from graders.model_graders import ModelAnswer, ModelRequest
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from storage.keys import ADAPTER_FILES
 
@@ -103,3 +104,62 @@ def answer_on_ray(spec: GradingEngineSpec, requests: list[PromptRequest], *, res
         ray.cancel(ref, force=True)
         raise GradingTimeout(f"the grading model ran past {timeout_s:.0f} s ({time.monotonic() - started:.0f} s)")
     return ray.get(ref)
+
+
+@dataclass(frozen=True)
+class GradingSetup:
+    """How grader models run, by value (settings `batch_engine`, `batch_engine_resources`,
+    `grader_model_timeout_seconds`, ...): what evals and reinforcement jobs hand `answer_by_base`."""
+
+    engine: str
+    model_source: str
+    cache_root: str
+    store_spec: tuple
+    max_batch_rows: int
+    resources: tuple  # (resource, amount) pairs
+    timeout_s: float
+
+    @classmethod
+    def of(cls, settings, store_spec: tuple) -> "GradingSetup":
+        return cls(settings.batch_engine, settings.model_source, str(settings.model_cache_dir), tuple(store_spec),
+                   settings.batch_max_rows_in_flight, tuple(sorted(settings.batch_engine_resources.items())),
+                   settings.grader_model_timeout_seconds)
+
+
+@dataclass(frozen=True)
+class GradingMember:
+    """One model grader's request and the model resolved for it."""
+
+    key: int
+    base_id: str
+    model: str  # the name the grader gave
+    adapter_prefix: str | None  # None: the base alone
+    request: ModelRequest
+
+
+def answer_by_base(setup: GradingSetup, members: list[GradingMember], name: str) -> dict[int, ModelAnswer]:
+    """Each member's answer by its key: one `answer_on_ray` task per base, every adapter of the base's
+    members loaded on it by alias; past the timeout each answer of that base says so."""
+    answers: dict[int, ModelAnswer] = {}
+    by_base: dict[str, list[GradingMember]] = {}
+    for member in members:
+        by_base.setdefault(member.base_id, []).append(member)
+    for base_id, group in by_base.items():
+        names = sorted({m.model for m in group if m.adapter_prefix})
+        alias = {n: f"g{k}" for k, n in enumerate(names)}
+        prefixes = {m.model: m.adapter_prefix for m in group if m.adapter_prefix}
+        spec = GradingEngineSpec(base_id, setup.engine, setup.model_source, setup.cache_root, setup.store_spec,
+                                 tuple((alias[n], prefixes[n]) for n in names), setup.max_batch_rows)
+        prompts = [PromptRequest(alias.get(m.model) if m.adapter_prefix else None, m.request.messages,
+                                 m.request.max_tokens, m.request.temperature, m.request.top_p, m.request.seed)
+                   for m in group]
+        why = f"The grading model ran past {setup.timeout_s:g} s."
+        try:
+            got = answer_on_ray(spec, prompts, resources=dict(setup.resources), timeout_s=setup.timeout_s,
+                                name=f"{name} {base_id}")
+        except GradingTimeout:
+            got = [None] * len(prompts)
+        for m, answer in zip(group, got):
+            answers[m.key] = (ModelAnswer(answer.text, answer.prompt_tokens, answer.completion_tokens, answer.error)
+                              if answer is not None else ModelAnswer(None, error=why))
+    return answers

@@ -24,6 +24,11 @@ template's generation prompt, so the completions are what the model would genera
 completions are cut so that prompt + completion fits `max_seq_length`; a prompt that leaves no room
 skips the row.
 
+Reinforcement rows (prompts): the messages are rendered with the generation prompt (the text a
+sampled completion continues) and encoded; the row itself is kept beside them as JSON (`item`), what
+the grader reads as `{{item.*}}`. A prompt that leaves no room for one completion token within
+`max_seq_length` skips the row.
+
 Shards are written through the store's own writer (pyarrow into memory, then `put_bytes`), the same
 code on the local and the S3 backend, and each object appears whole or not at all. Reading goes
 through the store too, one task per shard named in the manifest: Ray Data's `read_parquet` (2.60)
@@ -46,12 +51,13 @@ from catalog.bases import BaseModelSpec, get_base
 from catalog.model_source import ModelSource, load_tokenizer
 from openft.errors import InvalidRequest, TrainingError
 from pipelines._items import item_dataset
-from pipelines.render import render_preference_row, render_row
+from pipelines.render import render_generation_prompt, render_preference_row, render_row
 from storage import keys
 
 IGNORE_INDEX = -100  # label of a context token (PyTorch cross_entropy's ignore_index)
 ROLES = ("system", "user", "assistant", "template")  # "template": markup outside every message
-METHODS = ("supervised", "dpo")
+METHODS = ("supervised", "dpo", "reinforcement")
+ROW_KINDS = {"supervised": "chat", "dpo": "preference", "reinforcement": "reinforcement"}
 MANIFEST = "manifest.json"
 
 
@@ -79,6 +85,14 @@ class PreferenceTokens:
     rejected_ids: list[int]
     truncated: bool
     ends_with_eot: bool  # both completions still end with the end-of-turn token
+
+
+@dataclass
+class PromptTokens:
+    line: int
+    prompt_ids: list[int]
+    item: str  # the row as JSON: the grader's item
+    truncated: bool  # the prompt fills max_seq_length: the row is skipped
 
 
 def _eot_ids(tokenizer, base: BaseModelSpec) -> set[int]:
@@ -150,6 +164,16 @@ def tokenize_preference_row(row: dict, tokenizer, base: BaseModelSpec, max_seq_l
     return PreferenceTokens(line, prompt_ids, chosen_ids, rejected_ids, truncated, ends)
 
 
+def tokenize_prompt_row(row: dict, tokenizer, base: BaseModelSpec, max_seq_length: int, line: int) -> PromptTokens:
+    try:
+        text = render_generation_prompt(row["messages"], tokenizer, base, line, "training_file")
+    except InvalidRequest as exc:
+        raise _as_training_error(exc) from None
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    too_long = len(ids) >= max_seq_length
+    return PromptTokens(line, ids if not too_long else [], orjson.dumps(row).decode(), too_long)
+
+
 # --- the loss-mask report: counts summed over rows, mergeable across shards ---
 
 
@@ -162,12 +186,14 @@ def empty_report(method: str) -> dict:
             "assistant_turns_trained": 0,
             "assistant_turns_ending_with_eot": 0,
         }
-    else:
+    elif method == "dpo":
         report |= {"prompt_tokens": 0, "chosen_tokens": 0, "rejected_tokens": 0, "pairs_ending_with_eot": 0}
+    else:
+        report |= {"prompt_tokens": 0}
     return report
 
 
-def add_row(report: dict, row: ChatTokens | PreferenceTokens) -> bool:
+def add_row(report: dict, row: ChatTokens | PreferenceTokens | PromptTokens) -> bool:
     """Count `row` into `report`; True when the row trains (and so is kept)."""
     report["rows"] += 1
     report["rows_truncated"] += row.truncated
@@ -180,6 +206,10 @@ def add_row(report: dict, row: ChatTokens | PreferenceTokens) -> bool:
             report["assistant_turns_trained"] += row.turns_trained
             report["assistant_turns_ending_with_eot"] += row.turns_ending_with_eot
             report["tokens"] += len(row.input_ids)
+    elif isinstance(row, PromptTokens):
+        keep = bool(row.prompt_ids)
+        report["prompt_tokens"] += len(row.prompt_ids)
+        report["tokens"] += len(row.prompt_ids)
     else:
         keep = bool(row.chosen_ids and row.rejected_ids)
         if keep:
@@ -208,6 +238,8 @@ def finish_report(report: dict) -> dict:
     if report["method"] == "supervised":
         ok = report["assistant_turns_ending_with_eot"] == report["assistant_turns_trained"]
         return report | {"every_trained_turn_ends_with_eot": ok}
+    if report["method"] == "reinforcement":  # nothing written is trained: the samples end as they end
+        return report | {"every_trained_turn_ends_with_eot": None}
     return report | {"every_trained_turn_ends_with_eot": report["pairs_ending_with_eot"] == report["rows_used"]}
 
 
@@ -227,10 +259,12 @@ def tokenize_lines(lines: list[bytes], first_line: int, tokenizer, base: BaseMod
         except orjson.JSONDecodeError:
             row = None
         if not _has_shape(row, method):
-            kind = "chat" if method == "supervised" else "preference"
-            raise TrainingError("invalid_row", f"line {line}: the row could not be read as a {kind} row; upload the file again.")
+            raise TrainingError("invalid_row", f"line {line}: the row could not be read as a {ROW_KINDS[method]} row; "
+                                               "upload the file again.")
         if method == "supervised":
             tokens = tokenize_chat_row(row["messages"], tokenizer, base, max_seq_length, line)
+        elif method == "reinforcement":
+            tokens = tokenize_prompt_row(row, tokenizer, base, max_seq_length, line)
         else:
             tokens = tokenize_preference_row(row, tokenizer, base, max_seq_length, line)
         if add_row(report, tokens):
@@ -245,7 +279,7 @@ def _has_shape(row, method: str) -> bool:
 
     if not isinstance(row, dict):
         return False
-    if method == "supervised":
+    if method in ("supervised", "reinforcement"):
         return messages(row.get("messages"))
     prompt = row.get("input")
     return (
@@ -260,6 +294,9 @@ def rows_table(rows: list, method: str) -> pa.Table:
     if method == "supervised":
         schema = pa.schema([("line", pa.int64()), ("input_ids", ids), ("labels", ids)])
         columns = [[r.line for r in rows], [r.input_ids for r in rows], [r.labels for r in rows]]
+    elif method == "reinforcement":
+        schema = pa.schema([("line", pa.int64()), ("prompt_ids", ids), ("item", pa.string())])
+        columns = [[r.line for r in rows], [r.prompt_ids for r in rows], [r.item for r in rows]]
     else:
         schema = pa.schema([("line", pa.int64()), ("prompt_ids", ids), ("chosen_ids", ids), ("rejected_ids", ids)])
         columns = [[r.line for r in rows], [r.prompt_ids for r in rows], [r.chosen_ids for r in rows], [r.rejected_ids for r in rows]]
@@ -370,7 +407,8 @@ def build_tokenized(
     if ref.rows == 0:
         raise TrainingError(
             "context_too_long",
-            f"No row keeps an assistant token within max_seq_length {max_seq_length} "
+            f"No row keeps {'room for a completion' if method == 'reinforcement' else 'an assistant token'} within "
+            f"max_seq_length {max_seq_length} "
             f"({ref.report['rows']} rows checked); raise max_seq_length or shorten the rows.",
         )
     return ref

@@ -38,13 +38,19 @@ __all__ = [
     "scan_lines",
 ]
 
+# How a refusal names a row's kind: by its shape, which is what a person can see in the line.
+ROW_SHAPES = {
+    "chat": "a chat row (messages with an assistant turn)",
+    "preference": "a preference row (input, preferred_output, non_preferred_output)",
+    "reinforcement": "a reinforcement row (messages ending with a user turn, no assistant turn)",
+}
 _MESSAGE_OVERHEAD = max(b.message_overhead_tokens for b in BASES.values())
 _ROW_OVERHEAD = max(b.row_overhead_tokens for b in BASES.values())
 
 
 @dataclass(frozen=True)
 class FileStats:
-    row_kind: str | None = None  # "chat" | "preference"; None for batch files and before the first row
+    row_kind: str | None = None  # "chat" | "preference" | "reinforcement"; None for batch files and before the first row
     rows: int = 0
     messages: int = 0
     content_bytes: int = 0  # UTF-8 bytes of every message's content
@@ -90,6 +96,7 @@ class BlockResult:
     error_line: int = 0  # first invalid line; 0: none
     error_code: str = ""
     error_detail: str = ""
+    other_kind: str = ""  # the kind of the row at other_kind_line
 
 
 def scan_lines(lines: list[bytes], purpose: str, nbytes: int) -> BlockResult:
@@ -106,7 +113,7 @@ def scan_lines(lines: list[bytes], purpose: str, nbytes: int) -> BlockResult:
         if kind != first_kind:
             if i > 1:
                 stats = FileStats(first_kind, i - 1, messages, content_bytes, nbytes)
-                return BlockResult(len(lines), stats, other_kind_line=i)
+                return BlockResult(len(lines), stats, other_kind_line=i, other_kind=kind or "")
             first_kind = kind
         messages += n
         content_bytes += c
@@ -122,20 +129,19 @@ class Tally:
 
     def add(self, block: BlockResult) -> None:
         kind = self.stats.row_kind
-        mismatch = 0
+        mismatch, other = 0, ""
         if block.stats.row_kind and kind and block.stats.row_kind != kind:
-            mismatch = 1  # the block's first row already differs from the file's
+            mismatch, other = 1, block.stats.row_kind  # the block's first row already differs from the file's
         elif block.other_kind_line:
-            mismatch = block.other_kind_line
+            mismatch, other = block.other_kind_line, block.other_kind
         if block.error_line and not (mismatch and mismatch < block.error_line):
             raise FileValidationError(block.error_code, block.error_detail, self.lines + block.error_line)
         if mismatch:
             file_kind = kind or block.stats.row_kind
-            other = "chat" if file_kind == "preference" else "preference"
             raise FileValidationError(
                 "mixed_row_kinds",
-                f"this is a {other} row but the file's first row is a {file_kind} row; "
-                "a file holds chat rows or preference rows, not both.",
+                f"this is {ROW_SHAPES.get(other, 'another kind of row')} but the file's first row is a {file_kind} "
+                "row; a file holds rows of one kind: chat, preference or reinforcement.",
                 self.lines + mismatch,
             )
         self.stats = merge(self.stats, block.stats)

@@ -71,13 +71,15 @@ def _scan_range(item: dict[str, Any], *, store_spec: tuple, key: str, purpose: s
         "error_line": block.error_line,
         "error_code": block.error_code,
         "error_detail": block.error_detail,
+        "other_kind": block.other_kind,
     }
 
 
 def _block(row: dict[str, Any]) -> BlockResult:
     stats = FileStats(row["row_kind"] or None, row["rows"], row["messages"], row["content_bytes"], row["bytes"])
     return BlockResult(
-        row["lines"], stats, row["other_kind_line"], row["error_line"], row["error_code"], row["error_detail"]
+        row["lines"], stats, row["other_kind_line"], row["error_line"], row["error_code"], row["error_detail"],
+        row["other_kind"],
     )
 
 

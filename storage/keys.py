@@ -10,6 +10,7 @@ multi-tenant prefix) is one edit. Prefixes end in `/`; keys do not.
     runs/<job id>/checkpoints/                    a job's checkpoints (every attempt)
     runs/<job id>/checkpoints/step-<8 digits>/    one checkpoint (its adapter is a model: jobs/model_names.py)
     runs/<job id>/adapter/                        its trained adapter
+    runs/<job id>/parent/                         the adapter it continues from (a copy of its parent's)
     runs/<job id>/workers/<run name>              a run's Train worker has started (restart detection)
     runs/<job id>/train/<run name>/               Ray Train's own run state (its storage_path: storage/arrow.py)
     merges/<account>/<merge id>/                  a merged-weights export
@@ -57,6 +58,11 @@ ADAPTER_FILES = ("adapter_model.safetensors", "adapter_config.json")
 
 def adapter(job_id: str) -> str:
     return f"{run(job_id)}adapter/"
+
+
+def parent_adapter(job_id: str) -> str:
+    """The copy of a job's parent adapter (jobs/lineage.py), which its runs start from."""
+    return f"{run(job_id)}parent/"
 
 
 def worker_mark(job_id: str, run_name: str) -> str:

@@ -224,7 +224,7 @@ def create_jobs_in_parallel(client, n: int, **create) -> list:
 
 
 def reinforcement_method() -> dict:
-    """OpenAI's reinforcement create example's `method`, which the reference refuses."""
+    """OpenAI's reinforcement create example's `method` (which the reference refuses and this service takes)."""
     from openai.types.fine_tuning import ReinforcementHyperparameters, ReinforcementMethod
     from openai.types.graders import StringCheckGrader
 

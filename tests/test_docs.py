@@ -390,7 +390,6 @@ def git_paths() -> tuple[frozenset[str], frozenset[str]]:
 # Strings that look like paths but are not, each with the file that names it (so the exception cannot outlive it).
 NOT_PATHS = {
     "openft/finetune": "train/integrations/outcome.py",  # a wandb tag
-    "train/rft.py": "bench/_gpu_train.py",  # the reinforcement recipe the GPU check waits for
 }
 
 

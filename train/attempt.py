@@ -21,7 +21,7 @@ from jobs.spec import JobSpec
 from openft.errors import TrainingError
 from openft.settings import Settings
 from storage import keys
-from train.config import TrainJob
+from train.config import GraderModel, Reinforcement, TrainJob
 
 
 @dataclass(frozen=True)
@@ -43,6 +43,7 @@ class RunTicket:
     settings: Settings
     deadline: float  # unix seconds by which the job's time limit runs out
     resume: bool  # a checkpoint exists: continue from it
+    grader_models: tuple[GraderModel, ...] = ()  # a reinforcement job's model graders' models, resolved
 
     @property
     def run_name(self) -> str:
@@ -108,6 +109,8 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
             deadline=ticket.deadline,
             ray_data_reads=any(store.size(ref.object_key) > settings.tokenize_ray_threshold_bytes
                                for ref in (ticket.training, ticket.validation) if ref),
+            init_adapter_prefix=keys.parent_adapter(ticket.job_id) if spec.parent else None,
+            reinforcement=reinforcement_settings(ticket, store.spec()) if spec.method_type == "reinforcement" else None,
         )
         outcome = run_training(
             train_job, partial(DBReporter, settings, ticket.job_id, ticket.owner),
@@ -122,6 +125,22 @@ def run_attempt(ticket: RunTicket) -> AttemptResult:
         error = outcome.error or TrainingError("training_failed", "Training failed for another reason.")
         return AttemptResult("failed", error_code=error.code, error_message=error.message, loss_mask=train_ref.report)
     return AttemptResult(outcome.status, result=outcome.result, loss_mask=train_ref.report)
+
+
+def reinforcement_settings(ticket: RunTicket, store_spec: tuple) -> Reinforcement:
+    from catalog.bases import get_base
+    from graders.sandbox import SandboxLimits
+    from jobs.reinforcement import enable_thinking
+    from pipelines.model_grading import GradingSetup
+
+    spec, settings = ticket.spec, ticket.settings
+    return Reinforcement(
+        grader=spec.grader, samples_per_prompt=spec.samples_per_prompt, eval_interval=spec.eval_interval,
+        eval_samples=spec.eval_samples, max_completion_tokens=spec.max_completion_tokens, temperature=spec.temperature,
+        enable_thinking=enable_thinking(spec.reasoning_effort, get_base(spec.model)),
+        sandbox=SandboxLimits.of(settings), grader_models=ticket.grader_models,
+        grading=GradingSetup.of(settings, store_spec),
+    )
 
 
 class RayRun:

@@ -8,15 +8,44 @@ holding only plain values (the store as its `spec()` tuple, the model source as 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
+from graders.sandbox import SandboxLimits
+from pipelines.model_grading import GradingSetup
 from openft.errors import TrainingError
 
-METHOD_TYPES = ("supervised", "dpo")
+METHOD_TYPES = ("supervised", "dpo", "reinforcement")
 ADAPTERS = ("lora", "qlora")
 DEVICES = ("auto", "cpu", "cuda")
 EVAL_SOURCES = ("validation_file", "holdout")
+
+
+@dataclass(frozen=True)
+class GraderModel:
+    """A model a reinforcement job's model grader names, resolved when the run starts (the trainer
+    reads no database): answered in the trainer's own engine when it is the job's base, else by the
+    batch engine in a Ray task per base (pipelines/model_grading.py), as evals answer them."""
+
+    name: str
+    base_id: str
+    adapter_prefix: str | None  # an ft: model's or checkpoint's adapter files; None for a base
+
+
+@dataclass(frozen=True)
+class Reinforcement:
+    """A reinforcement job's settings (jobs/reinforcement.py has their meaning)."""
+
+    grader: dict  # graders.validate.record form
+    samples_per_prompt: int
+    eval_interval: int
+    eval_samples: int
+    max_completion_tokens: int
+    temperature: float = 1.0  # of every sampled completion, training and validation
+    enable_thinking: bool | None = None  # the template's thinking switch; None: the template's own default
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)  # python graders
+    grader_models: tuple[GraderModel, ...] = ()
+    grading: GradingSetup | None = None  # how grader models on other bases run; None: not at all
 
 
 @dataclass(frozen=True)
@@ -34,7 +63,7 @@ class TrainJob:
     lora_rank: int
     lora_alpha: int
     max_seq_length: int
-    beta: float | None  # DPO only
+    beta: float | None  # DPO's beta; reinforcement's KL coefficient (0: no KL term)
     seed: int
     model_source: str  # the `model_source` setting: hub | dir:/path | standin
     cache_root: str  # where hub downloads and stand-ins are cached
@@ -54,6 +83,10 @@ class TrainJob:
     # The workers read the tokenized rows through Ray Data datasets given to Ray Train (large files),
     # or straight from the store (pipelines/tokenize.py `read_tokenized`: small files, no Ray Data job).
     ray_data_reads: bool = True
+    # The store prefix of the adapter a job continues from (jobs/lineage.py: its parent's, copied at
+    # create); None: a fresh adapter (lora_B = 0, the identity).
+    init_adapter_prefix: str | None = None
+    reinforcement: Reinforcement | None = None  # reinforcement jobs only
 
     def __post_init__(self) -> None:
         if self.method_type not in METHOD_TYPES:
@@ -68,6 +101,8 @@ class TrainJob:
             raise ValueError("eval_prefix is given exactly when eval_source is validation_file")
         if self.method_type == "dpo" and not (self.beta and self.beta > 0):
             raise ValueError("a DPO job needs beta > 0")
+        if (self.method_type == "reinforcement") != (self.reinforcement is not None):
+            raise ValueError("reinforcement settings are given exactly for a reinforcement job")
         for name in ("train_prefix", "output_prefix", "checkpoint_prefix"):
             if not getattr(self, name).endswith("/"):
                 raise ValueError(f"{name} must end with '/'")

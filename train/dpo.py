@@ -4,22 +4,25 @@ Where it sits: like train/sft.py, called by the Ray Train worker with tokenized 
 (`prompt_ids`, `chosen_ids`, `rejected_ids`).
 
 setup  -> base + adapter, the loop; on resume the latest checkpoint
-ref    -> the reference policy is the base itself with the adapter disabled (peft's
-          `disable_adapter()`; no second copy of the model): each pair's reference log-probs are
-          computed once, before the first step, and kept in the loop's progress, so a checkpoint
-          carries them and a resumed run never recomputes them
+ref    -> the reference policy is the policy the job starts from: the base itself with the adapter
+          disabled (peft's `disable_adapter()`; no second copy of the model), or, for a job that
+          continues from an ft: model (jobs/lineage.py), that model, as DPO's reference is the SFT
+          model it starts from (Rafailov et al. 2023, arXiv:2305.18290, section 4). Each pair's
+          reference log-probs are computed once, before the first step, and kept in the loop's
+          progress, so a checkpoint carries them and a resumed run never recomputes them
 train  -> eval loss before, then length-grouped batches of pairs; each step runs the chosen and the
           rejected sequences of its pairs as one padded batch; loss = mean over pairs of
           -log sigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r))), with the log-probs summed over the
           completion tokens (up to and including the end-of-turn token)
 save   -> eval loss after, the adapter files
 
-Eval loss is the DPO loss on the eval pairs: exactly ln 2 before training, since the adapter starts
-as the identity (lora_B = 0) and the policy equals the reference.
+Eval loss is the DPO loss on the eval pairs: exactly ln 2 before training, since the policy starts
+equal to the reference (a fresh adapter is the identity, lora_B = 0; a parent's is the reference).
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import torch
@@ -65,7 +68,9 @@ class DPOSteps:
     def prepare(self, progress: Progress) -> None:
         """Reference log-probs of every pair, once per run (kept in `progress.extra` across resumes)."""
         if "reference" not in progress.extra:
-            with self.model.disable_adapter():
+            # Before the first step the adapter holds the parent's weights, when the job has one.
+            starting = contextlib.nullcontext() if self.job.init_adapter_prefix else self.model.disable_adapter()
+            with starting:
                 progress.extra["reference"] = {
                     name: self._reference_of(rows) for name, rows in (("train", self.train_rows), ("eval", self.eval_rows))
                 }

@@ -3,7 +3,7 @@
 Where it sits: the job controller calls `run_training` after tokenizing (pipelines/tokenize.py);
 the worker reads the tokenized rows (with `ray.train.get_dataset_shard` when the job's files were
 large enough for Ray Data, `TrainJob.ray_data_reads`; from the store otherwise), runs the recipe
-(train/sft.py or train/dpo.py) and returns the outcome as rank 0's return value.
+(train/sft.py, train/dpo.py or train/rft.py) and returns the outcome as rank 0's return value.
 
 Decisions:
 - `num_workers` workers per job (`train_num_workers`, one GPU each on GPU nodes), data parallel
@@ -78,6 +78,7 @@ def train_worker(config: dict) -> dict | None:
     import ray.train
 
     from train.dpo import train_dpo
+    from train.rft import train_rft
     from train.sft import train_sft
 
     from ray.util import get_current_placement_group
@@ -116,7 +117,7 @@ def train_worker(config: dict) -> dict | None:
         eval_rows = [_plain(r) for r in _rows(job, "eval", job.eval_prefix)]
     else:
         train_rows, eval_rows = split_holdout(train_rows, config["file_rows"], job.seed)
-    recipe = train_sft if job.method_type == "supervised" else train_dpo
+    recipe = {"supervised": train_sft, "dpo": train_dpo, "reinforcement": train_rft}[job.method_type]
     try:
         outcome = recipe(job, reporter, train_rows, eval_rows, on_checkpoint=_report_pointer, group=group)
     except TrainingError as exc:

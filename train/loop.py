@@ -1,8 +1,8 @@
-"""The step loop both recipes share: learning-rate schedule, pause/cancel between steps, metrics,
+"""The step loop the recipes share: learning-rate schedule, pause/cancel between steps, metrics,
 epoch-end and pause checkpoints, resume, the time limit, and the result figures.
 
-Where it sits: sft.py and dpo.py each define a `Steps` object (what one batch's loss is, how eval
-is measured) and call `run_recipe`, which builds the model, runs `TrainLoop` and saves the adapter. Everything the loop counts lives in
+Where it sits: sft.py, dpo.py and rft.py each define a `Steps` object (what one batch's loss is, how
+eval is measured) and call `run_recipe`, which builds the model, runs `TrainLoop` and saves the adapter. Everything the loop counts lives in
 `Progress`, which a checkpoint stores whole, so a resumed run ends with the same numbers and the
 same adapter bytes as an uninterrupted one.
 
@@ -29,7 +29,15 @@ from openft.errors import TrainingError
 from storage.objects import open_object_store
 from train.checkpoint import latest_checkpoint, load_checkpoint, prune_checkpoints, restore_rng, save_checkpoint
 from train.config import TrainJob, TrainOutcome
-from train.lora import adapter_files, build_model, load_adapter_weights, pick_device, trainable_parameters
+from train.lora import (
+    ADAPTER_WEIGHTS,
+    adapter_files,
+    build_model,
+    load_adapter_weights,
+    pick_device,
+    read_adapter_weights,
+    trainable_parameters,
+)
 from train.parallel import SINGLE, Group
 from train.progress import MetricsClock, Reporter
 
@@ -40,9 +48,10 @@ MAX_GRAD_NORM = 1.0
 @dataclass
 class StepResult:
     loss_sum: torch.Tensor  # the rows' summed loss (backward runs on it over the batch's count)
-    loss_count: int  # what it is summed over: trained tokens for SFT, pairs for DPO
+    loss_count: int  # what it is summed over: trained tokens for SFT, pairs for DPO, RFT's constant normalizer
     tokens: int  # non-pad tokens the step processed (throughput)
     row_tokens: int  # the trained rows' tokens, as billed (result `trained_tokens`)
+    figures: dict[str, float] = field(default_factory=dict)  # sums named by `Steps.figure_names`
 
 
 class Steps(Protocol):
@@ -59,6 +68,15 @@ class Steps(Protocol):
     def evaluate(self, shard: Callable[[list[int]], list[int]]) -> tuple[float, int]:
         """(summed eval loss, what it is summed over) of `shard` of each eval batch."""
         ...
+
+    # Optional, read with `getattr` (SFT and DPO leave them out; train/rft.py has them all):
+    # eval_name: str = "loss"  -> the result's `eval_<name>_before` / `eval_<name>`
+    # eval_interval: int | None -> also evaluate every N steps and save a checkpoint carrying it
+    # metrics_every: int = 10  -> a metrics event every N steps (or every 10 s)
+    # figure_names: tuple[str, ...] -> sums a step returns in `StepResult.figures`, summed over the
+    #   ranks and over the steps since the last metrics event
+    # step_figures(figures) -> None: every rank, after each step, with its summed figures (may raise)
+    # metrics(figures) -> dict: what the summed figures add to a metrics event
 
 
 @dataclass
@@ -154,8 +172,9 @@ class TrainLoop:
         total, count = self.group.sum(list(steps.evaluate(self.group.shard)))
         return total / count if count else None
 
-    def checkpoint(self) -> str | None:
-        """Rank 0 stores the checkpoint; every rank reports to Ray Train (its report is collective)."""
+    def checkpoint(self, evaluated: dict | None = None) -> str | None:
+        """Rank 0 stores the checkpoint; every rank reports to Ray Train (its report is collective).
+        `evaluated`: the eval figure measured at this step, kept on the checkpoint's event (its metrics)."""
         if not self.group.leader:
             if self.on_checkpoint is not None:
                 self.on_checkpoint(None)
@@ -169,7 +188,7 @@ class TrainLoop:
         # comes last, once the checkpoint is stored and Ray Train has its pointer.
         self.reporter.event(
             f"Checkpoint saved at step {p.step}.",
-            data={"checkpoint": {"step": p.step, "epoch": p.epoch, "train_loss": p.train_loss}},
+            data={"checkpoint": {"step": p.step, "epoch": p.epoch, "train_loss": p.train_loss, **(evaluated or {})}},
         )
         prune_checkpoints(self.store, self.job.checkpoint_prefix)  # after the event: see save_checkpoint
         return key
@@ -182,7 +201,10 @@ class TrainLoop:
             p.eval_loss_before, p.evaluated_before = self.evaluate(steps), True
         total_steps = sum(len(steps.epoch_batches(e)) for e in range(job.n_epochs))
         started, session_tokens = time.monotonic(), 0  # since the last epoch end or the start of this session
-        clock, window_sum, window_count = MetricsClock(), 0.0, 0
+        clock, window_sum, window_count = MetricsClock(getattr(steps, "metrics_every", 10)), 0.0, 0
+        names, eval_interval = getattr(steps, "figure_names", ()), getattr(steps, "eval_interval", None)
+        evaluated = None
+        window_figures = dict.fromkeys(names, 0.0)
         self.model.train()
         while p.epoch < job.n_epochs:
             batches = steps.epoch_batches(p.epoch)
@@ -201,7 +223,10 @@ class TrainLoop:
                 lr = learning_rate(p.step, total_steps, job.learning_rate)
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                loss_sum, loss_count, tokens, row_tokens = self.step(steps, batches[p.batch])
+                loss_sum, loss_count, tokens, row_tokens, figures = self.step(steps, batches[p.batch])
+                if names:
+                    steps.step_figures(figures)
+                    window_figures = {n: window_figures[n] + figures[n] for n in names}
                 torch.nn.utils.clip_grad_norm_(self.params, MAX_GRAD_NORM)
                 self.optimizer.step()
                 self.optimizer.zero_grad(set_to_none=True)
@@ -220,35 +245,47 @@ class TrainLoop:
                         "learning_rate": lr,
                         "tokens_per_second": session_tokens / max(session, 1e-9),
                         "elapsed": p.seconds + session,
+                        **(steps.metrics(window_figures) if names else {}),
                     })
                     window_sum, window_count = 0.0, 0
+                    window_figures = dict.fromkeys(names, 0.0)
+                evaluated = None
+                if eval_interval and p.step % eval_interval == 0:
+                    # Its sampling draws from seeded generators of its own: the training RNG is untouched.
+                    evaluated = {f"valid_{getattr(steps, 'eval_name', 'loss')}": self.evaluate(steps)}
+                    if p.batch < len(batches):  # else the epoch-end checkpoint below carries it
+                        self.checkpoint(evaluated)
             p.train_loss = p.epoch_loss_sum / max(p.epoch_loss_count, 1)
             p.epoch, p.batch, p.epoch_loss_sum, p.epoch_loss_count = p.epoch + 1, 0, 0.0, 0
             now = time.monotonic()
             p.seconds, started = p.seconds + now - started, now
             session_tokens = 0
-            self.checkpoint()
+            self.checkpoint(evaluated)
         return None
 
-    def step(self, steps: Steps, batch: list[int]) -> tuple[float, int, int, int]:
+    def step(self, steps: Steps, batch: list[int]) -> tuple[float, int, int, int, dict[str, float]]:
         """Backward over this rank's slice of `batch`, the gradients summed over the ranks; returns
-        the whole batch's (loss sum, loss count, tokens, row tokens), summed over the ranks."""
+        the whole batch's (loss sum, loss count, tokens, row tokens, figures), summed over the ranks."""
         rows = self.group.shard(batch)
         local = steps.train_step(rows) if rows else None
+        names = getattr(steps, "figure_names", ())
         figures = [local.loss_sum.item(), local.loss_count, local.tokens, local.row_tokens] if local else [0.0, 0, 0, 0]
-        loss_sum, count, tokens, row_tokens = self.group.sum(figures)
-        if local is not None:
+        figures += [local.figures.get(n, 0.0) if local else 0.0 for n in names]
+        summed = self.group.sum(figures)
+        loss_sum, count, tokens, row_tokens = summed[:4]
+        if local is not None and count:
             (local.loss_sum / count).backward()
         self.group.sum_gradients(self.params)
-        return loss_sum, int(count), int(tokens), int(row_tokens)
+        return loss_sum, int(count), int(tokens), int(row_tokens), dict(zip(names, summed[4:]))
 
-    def result(self, eval_loss: float | None, eval_rows: int) -> dict:
+    def result(self, eval_loss: float | None, eval_rows: int, eval_name: str = "loss") -> dict:
         """The gridline.result figures. `trained_tokens`: every token of every trained row (prompt and
-        answer; for DPO the prompt and both answers), once per epoch the row was trained in."""
+        answer; for DPO the prompt and both answers; for RFT every sampled sequence), once per epoch
+        the row was trained in. `eval_name`: what eval measures (`loss`, or RFT's mean `reward`)."""
         p = self.progress
         return {
-            "eval_loss_before": p.eval_loss_before,
-            "eval_loss": eval_loss,
+            f"eval_{eval_name}_before": p.eval_loss_before,
+            f"eval_{eval_name}": eval_loss,
             "eval_rows": eval_rows if eval_loss is not None else 0,
             "eval_source": self.job.eval_source,
             "train_loss": p.train_loss,
@@ -275,6 +312,8 @@ def run_recipe(
     store = open_object_store(*job.store_spec)
     device = pick_device(job)
     model = build_model(job, base, device)
+    if job.init_adapter_prefix is not None:  # a resume below replaces these with the checkpoint's
+        load_adapter_weights(model, read_adapter_weights(store.get_bytes(job.init_adapter_prefix + ADAPTER_WEIGHTS)))
     pad_id = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     steps = make_steps(model, device, pad_id)
     loop = TrainLoop(job, reporter, model, store, on_checkpoint, group)
@@ -291,4 +330,4 @@ def run_recipe(
     if group.leader:
         for name, data in adapter_files(model, base).items():
             store.put_bytes(job.output_prefix + name, data)
-    return TrainOutcome("succeeded", loop.result(eval_loss, eval_rows))
+    return TrainOutcome("succeeded", loop.result(eval_loss, eval_rows, getattr(steps, "eval_name", "loss")))

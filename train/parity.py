@@ -14,9 +14,10 @@ The three paths, greedy (temperature 0), on the same prompt ids and `max_tokens`
 
 Prompts are held-out rows, never trained on: the validation file's first rows, or the training
 file's holdout (train/data.py `holdout_lines`, the trainer's own rule); each row's conversation up
-to its last assistant turn (a preference row's `input.messages`), rendered by the trainer's
-template code with the generation prompt. Each completion may take twice its row's answer plus 16
-tokens (at most `parity_max_tokens`, within the job's `max_seq_length`).
+to its last assistant turn (a preference row's `input.messages`; a reinforcement row's `messages`,
+which are all prompt), rendered by the trainer's template code with the generation prompt. Each
+completion may take twice its row's answer plus 16 tokens (a reinforcement row has no answer: the
+job's `max_completion_tokens`), at most `parity_max_tokens`, within the job's `max_seq_length`.
 
 Agreement rule: tokens are compared position by position; at the first position where a path's
 token differs from the reference's, the reference model's logits price the difference: the margin
@@ -69,7 +70,7 @@ class ParityRequest:
     adapter_prefix: str  # ends "/": adapter_model.safetensors, adapter_config.json
     lora_rank: int  # the job's: the training-time model is built from these, not from adapter_config.json
     lora_alpha: int
-    method_type: str  # supervised | dpo (a preference row's prompt is input.messages)
+    method_type: str  # supervised | dpo | reinforcement (a preference row's prompt is input.messages)
     max_seq_length: int
     prompts_key: str  # object key of the validation file, or of the training file (holdout)
     holdout_seed: int | None  # None: prompts_key is the validation file, every row held out
@@ -77,6 +78,7 @@ class ParityRequest:
     max_tokens: int
     tolerance: float
     engine_kind: str = "transformers"
+    answer_tokens: int | None = None  # reinforcement: the job's max_completion_tokens (its rows have no answer)
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,7 @@ def parity_request(job, validation_key: str | None, training_key: str, adapter_p
         prompts_key=validation_key or training_key, holdout_seed=None if validation_key else spec.seed,
         prompts=settings.parity_prompts, max_tokens=settings.parity_max_tokens,
         tolerance=settings.parity_logit_tolerance, engine_kind=settings.batch_engine,
+        answer_tokens=spec.max_completion_tokens,
     )
 
 
@@ -129,8 +132,11 @@ def _lines(store, key: str):
         yield rest
 
 
-def prompt_and_answer(row: dict, method_type: str) -> tuple[list[dict], str]:
-    """The conversation up to the row's last assistant turn, and that turn's content."""
+def prompt_and_answer(row: dict, method_type: str) -> tuple[list[dict], str | None]:
+    """The conversation up to the row's last assistant turn, and that turn's content (None: a
+    reinforcement row, all prompt)."""
+    if method_type == "reinforcement":
+        return row["messages"], None
     if method_type == "dpo":
         return row["input"]["messages"], str(row["preferred_output"][0].get("content") or "")
     messages = row["messages"]
@@ -149,7 +155,9 @@ def held_out_prompts(req: ParityRequest, store, tokenizer, base: BaseModelSpec) 
         messages, answer = prompt_and_answer(orjson.loads(raw), req.method_type)
         ids = render_prompt(messages, tokenizer, base, n)
         room = req.max_seq_length - len(ids)
-        budget = min(req.max_tokens, 2 * len(tokenizer(answer, add_special_tokens=False)["input_ids"]) + ANSWER_SLACK, room)
+        wanted = (req.answer_tokens if answer is None
+                  else 2 * len(tokenizer(answer, add_special_tokens=False)["input_ids"]) + ANSWER_SLACK)
+        budget = min(req.max_tokens, wanted, room)
         if budget >= 1:  # a prompt that fills the context cannot be answered: the next row is used
             out.append(Prompt(n, tuple(ids), budget))
         if len(out) == req.prompts:

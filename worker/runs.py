@@ -27,6 +27,8 @@ from functools import partial
 from catalog.bases import get_base
 from jobs import scheduling, transitions
 from jobs.registration import succeed
+from jobs.model_names import resolve_model
+from jobs.reinforcement import grader_model_names
 from jobs.spec import JobSpec
 from openft import metrics
 from storage import files as files_repo
@@ -35,6 +37,7 @@ from storage import keys, leases
 from storage.leases import Heartbeat, LeaseLost
 from storage.models import Job
 from train.attempt import AttemptResult, FileRef, RayRuns, RunTicket
+from train.config import GraderModel
 from train.integrations.forwarder import follow as follow_integrations
 from train.parity import ParityAbandoned, check_parity, parity_error, parity_request
 from train.placement import remove_orphans, remove_placement_group
@@ -42,6 +45,13 @@ from worker.work import Task
 
 log = logging.getLogger("openft.controller")
 STOP_GRACE_S = 30  # past the deadline, the run's own time check has had this long to fail it cleanly
+
+
+def grader_models(session, account_id: str, grader: dict) -> tuple[GraderModel, ...]:
+    """A reinforcement job's model graders' models as its trainer needs them (it reads no database),
+    resolved when the run starts; one deleted since create is left out, and its grades fail (0, counted)."""
+    found = [(name, resolve_model(session, account_id, name)) for name in sorted(set(grader_model_names(grader)))]
+    return tuple(GraderModel(name, m.base_id, m.adapter_prefix) for name, m in found if m is not None and m.servable)
 
 
 class RunWork:
@@ -117,12 +127,14 @@ class RunWork:
                 files = {f.id: FileRef(f.object_key, f.sha256) for f in files_repo.files_by_id(
                     session, [job.training_file, job.validation_file]).values()}
                 budget = self.settings.job_time_limit_seconds - (job.run_seconds or 0.0)
+                spec = JobSpec.from_record(job.spec)
                 return RunTicket(
-                    job_id=job.id, owner=run.owner, attempt=run.attempt, spec=JobSpec.from_record(job.spec),
+                    job_id=job.id, owner=run.owner, attempt=run.attempt, spec=spec,
                     training=files[job.training_file],
                     validation=files[job.validation_file] if job.validation_file else None,
                     settings=self.settings, deadline=(job.run_started_at or time.time()) + budget,
                     resume=any(True for _ in self.ctl.store.list(keys.checkpoints(job.id))),
+                    grader_models=grader_models(session, job.account_id, spec.grader) if spec.grader else (),
                 )
 
         return self._write(read, "read the run")

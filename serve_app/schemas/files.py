@@ -14,8 +14,9 @@ UPLOAD_PURPOSES = ("fine-tune", "batch", "batch_output", "evals")
 class FileGridline(BaseModel):
     sha256: str
     """SHA-256 of the stored bytes, hex."""
-    row_kind: Literal["chat", "preference"] | None = None
-    """Fine-tune files: whether rows are chat rows (supervised) or preference rows (DPO)."""
+    row_kind: Literal["chat", "preference", "reinforcement"] | None = None
+    """Fine-tune files: whether rows are chat rows (supervised), preference rows (DPO) or prompts for
+    reinforcement fine-tuning (messages ending with a user turn, plus the grader's item fields)."""
     rows: int | None = None
     """Rows (lines) in the file."""
     messages: int | None = None

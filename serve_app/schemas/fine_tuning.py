@@ -33,6 +33,9 @@ class JobGridline(BaseModel):
     charge: dict[str, Any] | None = None
     """Once a job that started under billing ends: `{usd, cents, basis, trained_tokens, trained_usd_per_mtok}`;
     basis is `trained_tokens`, `minimum`, `max_charge` or `not_charged`."""
+    parent: dict[str, Any] | None = None
+    """When `model` named an ft: model or checkpoint: `{model, fine_tuning_job_id, lora_rank, lora_alpha}`,
+    the adapter this job's adapter starts from (`model` is then the parent's base)."""
 
 
 class FineTuningJob(BaseModel):
@@ -82,6 +85,8 @@ class CheckpointMetrics(BaseModel):
     valid_mean_token_accuracy: float | None = None
     full_valid_loss: float | None = None
     full_valid_mean_token_accuracy: float | None = None
+    valid_mean_reward: float | None = None
+    """Reinforcement jobs: the mean grader reward on the validation prompts at this checkpoint (ours)."""
 
 
 class FineTuningJobCheckpoint(BaseModel):

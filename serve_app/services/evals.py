@@ -22,7 +22,8 @@ from openft.ids import eval_id as new_eval_id
 from serve_app.schemas.common import Page
 from serve_app.schemas.evals import Eval, EvalCustomDataSourceConfig, EvalDeleted
 from serve_app.services.batches import parse_metadata
-from serve_app.services.graders import grader_record, rules
+from graders.validate import record as grader_record
+from serve_app.services.graders import rules
 from serve_app.services.paging import check_limit, page_of
 from serve_app.state import AppState
 from storage import evals as repo

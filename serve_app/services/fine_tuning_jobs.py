@@ -48,7 +48,7 @@ def job_object(job: Job, account: Account) -> FineTuningJob:
         user_provided_suffix=job.user_provided_suffix,
         gridline=JobGridline(
             quote=job.quote, result=job.result, fine_tuned_adapter=job.fine_tuned_adapter, reason=job.reason,
-            derived_from=spec.derived_from, charge=job.charge,
+            derived_from=spec.derived_from, charge=job.charge, parent=spec.parent,
         ),
     )
 
@@ -107,7 +107,8 @@ def list_checkpoints(
         checkpoints.append(FineTuningJobCheckpoint(
             id="ftckpt_" + ckpt.event.id.removeprefix("ftevent-"), created_at=ckpt.event.created_at,
             fine_tuned_model_checkpoint=f"{name}:ckpt-step-{ckpt.step}", fine_tuning_job_id=job_id,
-            metrics=CheckpointMetrics(step=ckpt.step, train_loss=info.get("train_loss")), step_number=ckpt.step,
+            metrics=CheckpointMetrics(step=ckpt.step, train_loss=info.get("train_loss"),
+                                      valid_mean_reward=info.get("valid_reward")), step_number=ckpt.step,
         ))
     if after:
         ids = [c.id for c in checkpoints]

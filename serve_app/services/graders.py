@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from graders import Grade, Grader, Rules, Runtime, Scope, grade, sample_namespace, validate
+from graders.validate import record
 from evals import runtime as grading
-from graders.models import MultiGrader
 from openft.errors import InvalidRequest, unknown_parameter
 from serve_app.schemas.graders import (
     GraderRunErrors,
@@ -38,18 +38,10 @@ def _only(body: dict, keys: tuple[str, ...]) -> None:
         raise InvalidRequest("Missing grader.", code="missing_required_parameter", param="grader")
 
 
-def grader_record(grader: Grader) -> dict:
-    """The grader as JSON, fields the caller left out left out."""
-    if isinstance(grader, MultiGrader):
-        return {"type": "multi", "name": grader.name, "calculate_output": grader.calculate_output,
-                "graders": {k: grader_record(g) for k, g in grader.graders.items()}}
-    return grader.model_dump(exclude_none=True)
-
-
 def validate_grader(state: AppState, account: Account, body: dict) -> GraderValidateResponse:
     _only(body, ("grader",))
     grader = validate(body["grader"], "grader", rules(state, account, Scope()))
-    return GraderValidateResponse(grader=grader_record(grader))
+    return GraderValidateResponse(grader=record(grader))
 
 
 def run_grader(state: AppState, account: Account, body: dict) -> GraderRunResponse:

@@ -146,19 +146,22 @@ def test_openai_examples_parse_through_the_sdk():
     assert job.hyperparameters.n_epochs == 2
 
 
-def test_openai_reinforcement_example_is_refused_through_the_sdk():
+def test_openai_reinforcement_example_parses_through_the_sdk():
+    """OpenAI's reinforcement example (o4-mini there, qwen3-8b here: a base with a thinking switch,
+    so reasoning_effort medium is taken), every auto resolved in the job object the SDK reads back."""
     sdk = SdkCapture()
-    with pytest.raises(openai.BadRequestError) as caught:
-        sdk.client.fine_tuning.jobs.create(
-            training_file="file-abc",
-            validation_file="file-123",
-            model="qwen3-8b",  # o4-mini in OpenAI's example
-            method=reinforcement_method(),
-            seed=42,
-        )
-    assert caught.value.status_code == 400
-    assert (caught.value.code, caught.value.param) == ("unsupported_method", "method.type")
-    assert sdk.specs == []
+    job = sdk.client.fine_tuning.jobs.create(
+        training_file="file-abc", validation_file="file-123", model="qwen3-8b", method=reinforcement_method(), seed=42)
+    [parsed] = sdk.specs
+    assert (parsed.method_type, parsed.seed, parsed.samples_per_prompt, parsed.compute_multiplier) == (
+        "reinforcement", 42, 8, 1.0)
+    assert parsed.grader == {"type": "string_check", "name": "Example string check grader", "input": "{{item.label}}",
+                             "operation": "eq", "reference": "{{sample.output_text}}"}
+    hp = job.method.reinforcement.hyperparameters
+    assert (hp.batch_size, hp.compute_multiplier, hp.eval_interval, hp.eval_samples, hp.n_epochs) == (8, 1.0, 10, 1, 1)
+    assert (hp.learning_rate_multiplier, hp.reasoning_effort) == (1.0, "medium")
+    assert job.method.reinforcement.grader.type == "string_check"
+    assert hp.model_extra["samples_per_prompt"] == 8 and hp.model_extra["beta"] == 0.04
 
 
 # --- wire shapes -------------------------------------------------------------------------------
@@ -269,8 +272,11 @@ TOP_REFUSALS = [
     ({"training_file": None}, "missing_required_parameter", "training_file"),
     ({"training_file": 5}, "invalid_value", "training_file"),
     ({"validation_file": ""}, "invalid_value", "validation_file"),
-    ({"method": "reinforcement"}, "unsupported_method", "method"),
-    ({"method": {"type": "reinforcement", "reinforcement": {"grader": {}}}}, "unsupported_method", "method.type"),
+    ({"method": "reinforcement"}, "invalid_value", "method"),
+    ({"method": {"type": "reinforcement", "reinforcement": {"grader": {}}}}, "missing_required_parameter",
+     "method.reinforcement.grader.type"),
+    ({"method": {"type": "reinforcement", "reinforcement": {}}}, "missing_required_parameter",
+     "method.reinforcement.grader"),
     ({"method": "full"}, "invalid_value", "method"),
     ({"method": 3}, "invalid_value", "method"),
     ({"method": {}}, "missing_required_parameter", "method.type"),

@@ -171,3 +171,40 @@ def test_the_time_limit_setting_decides_what_fits_not_the_speed():
         quote_job(spec, facts, None, PRICES, time_limit_s=3600)
     assert (caught.value.status, caught.value.code, caught.value.param) == (400, "job_too_large", "training_file")
     assert "over the 1-hour limit" in caught.value.message
+
+
+def rft(model: str = "qwen2.5-7b-instruct", grader: dict | None = None, **hp) -> JobSpec:
+    grader = grader or {"type": "string_check", "name": "g", "input": "{{sample.output_text}}",
+                        "reference": "{{item.answer}}", "operation": "eq"}
+    return job(model, method={"type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": hp}})
+
+
+def test_reinforcement_quote_counts_sampling_and_training():
+    # 100 prompts (estimate 20,000 tokens), 8 samples of at most 256 tokens each: 8 x (20,000 + 25,600)
+    # = 364,800 trained tokens; 204,800 generated. Work: 364,800 x 4/3 (the reference forward) +
+    # 204,800 x 4 (generation) = 1,305,600 training-token equivalents at 733.3 per second: 1,781 s.
+    # Evaluations: before, after and 13 // 10 = 1 between, each 5 held-out prompts x 1 sample x 256
+    # tokens generated: 3,840 x 4 at 733.3 per second: 21 s. Charged at the DPO rate (4.00).
+    facts = file_facts(rows=100, row_kind="reinforcement", token_upper_bound=30_000,
+                       token_estimates={"qwen2.5-7b-instruct": 20_000})
+    quote = quote_job(rft(), facts, None, PRICES)
+    assert (quote.training_tokens_upper_bound, quote.training_tokens_per_epoch_upper_bound) == (8 * 55_600, 30_000)
+    assert (quote.estimated_seconds, quote.eval_rows) == (120 + 21 + 1781, 5)
+    assert (quote.estimated_usd, quote.per_token.trained_usd_per_mtok, quote.per_token.max_charge_usd) == (1.46, 4.0, 1.78)
+    assert quote.reinforcement == {"samples_per_prompt": 8, "generated_tokens": 204_800 + 3_840, "grader_tokens": 0,
+                                   "evaluations": 3}
+    assert quote.gpu_memory_class_gb == 48
+    # Half the samples: half the trained and generated tokens.
+    half = quote_job(rft(compute_multiplier=0.5), facts, None, PRICES)
+    assert half.training_tokens_upper_bound == 4 * 55_600 and half.reinforcement["samples_per_prompt"] == 4
+
+
+def test_reinforcement_quote_counts_model_graders_and_refuses_what_does_not_fit():
+    judge = {"type": "score_model", "name": "j", "model": "qwen2.5-7b-instruct",
+             "input": [{"role": "user", "content": "{{sample.output_text}} vs {{item.answer}}"}]}
+    facts = file_facts(rows=100, row_kind="reinforcement", token_upper_bound=30_000,
+                       token_estimates={"qwen2.5-7b-instruct": 20_000})
+    quote = quote_job(rft(grader=judge), facts, None, PRICES)
+    assert quote.reinforcement["grader_tokens"] == 100 * 8 * (512 + 256 + 128)
+    err = refusal(rft(), file_facts(row_kind="reinforcement"))  # 2,000 prompts x 8 samples: far past 2 hours
+    assert "over the 2-hour limit" in err.message

@@ -62,7 +62,9 @@ CHAT_CASES = [
     Case("content_number", _chat(U, message("assistant", 7)), "invalid_messages", "message 2"),
     Case("content_null", _chat(U, message("assistant", None)), "invalid_messages", "message 2"),
     Case("content_missing", _chat(U, {"role": "assistant"}), "invalid_messages", "message 2"),
-    Case("no_assistant", _chat(message("system", MARK), U), "invalid_messages", "assistant"),
+    # A prompt without an answer is a reinforcement row: in a chat file, a row of another kind.
+    Case("no_assistant", _chat(message("system", MARK), U), "mixed_row_kinds", "assistant"),
+    Case("no_assistant_ends_system", _chat(message("system", MARK)), "invalid_messages", "assistant"),
     Case("all_weight_zero", _chat(U, message("assistant", MARK, weight=0)), "invalid_messages", "weight"),
     Case("weight_two", _chat(U, message("assistant", MARK, weight=2)), "invalid_messages", "weight"),
     Case("weight_bool", _chat(U, message("assistant", MARK, weight=True)), "invalid_messages", "weight"),
@@ -129,7 +131,28 @@ BATCH_CASES = [
     )
 ]
 
-CASES = CHAT_CASES + PREFERENCE_CASES + BATCH_CASES
+# Reinforcement rows (issue 26): OpenAI's RFT prompts, messages ending with a user turn and the
+# grader's fields beside them.
+RFT = _chat(message("system", "Classify."), U, label="refund", meta={"n": 1})
+REINFORCEMENT_CASES = [
+    Case("rft_with_an_answer", _chat(U, A), "mixed_row_kinds", "assistant"),
+    Case("rft_answer_and_fields", _chat(U, A, label="x"), "unsupported_field", "outside the format"),
+    Case("rft_ends_with_system", _chat(message("system", MARK), label="x"), "invalid_reinforcement_row", "user message"),
+    Case("rft_tools", _chat(U, tools=[], label="x"), "unsupported_field", "'tools'"),
+    Case("rft_messages_empty", _chat(label="x"), "invalid_messages", "'messages'"),
+    Case("rft_message_name", _chat(message("user", MARK, name=MARK), label="x"), "unsupported_field", "'name'"),
+    Case("rft_preference", PREF, "mixed_row_kinds", "preference"),
+]
+REINFORCEMENT_CASES = [Case(c.id, c.bad, c.code, c.names, good=RFT) for c in REINFORCEMENT_CASES]
+
+CASES = CHAT_CASES + PREFERENCE_CASES + REINFORCEMENT_CASES + BATCH_CASES
+
+
+def test_reinforcement_rows_are_a_third_kind():
+    v = StreamingValidator("fine-tune")
+    v.feed(jsonl([RFT, _chat(U, answer=[1, 2])]))
+    stats = v.finish()
+    assert (stats.row_kind, stats.rows, stats.messages) == ("reinforcement", 2, 3)
 
 
 def stream_error(data: bytes, purpose: str, chunk: int, **kw: Any) -> FileValidationError:

@@ -188,7 +188,8 @@ def test_openai_examples(examples):
         method=reinforcement_method(),
         seed=42,
     )
-    assert (body["code"], body["param"]) == ("unsupported_method", "method.type")
+    # The method is taken (tests/serve_app/test_rft_create.py); these preference files are not prompts.
+    assert (body["code"], body["param"]) == ("invalid_file_format", "training_file")
 
 
 # --- refusals ------------------------------------------------------------------------------------
@@ -256,7 +257,7 @@ def test_dpo_hyperparameter_out_of_range(refusals, hp, field, words):
     [
         ({"hyperparameters": {"n_epochs": 2}, "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2}}}},
          "conflicting_parameters", "hyperparameters"),
-        ({"method": "reinforcement"}, "unsupported_method", "method"),
+        ({"method": "reinforcement"}, "invalid_value", "method"),  # the string form has no grader
         ({"metadata": {f"k{i}": "v" for i in range(17)}}, "invalid_value", "metadata"),
         ({"metadata": {"k" * 65: "v"}}, "invalid_value", "metadata"),
         ({"metadata": {"k": MARKER * 30}}, "invalid_value", "metadata"),

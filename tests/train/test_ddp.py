@@ -189,22 +189,43 @@ def test_a_worker_count_the_cluster_cannot_place_is_refused():
     assert "nodes hold 0 such worker(s)" in problem
 
 
-def _dpo_rank(rank: int, world: int, port: int, job, log, train_rows, eval_rows, results) -> None:
+def _recipe_rank(method: str, rank: int, world: int, port: int, job, log, train_rows, eval_rows, results) -> None:
     import torch.distributed as dist
 
+    from train.rft import train_rft
+
+    recipe = {"dpo": train_dpo, "reinforcement": train_rft}[method]
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         group = Group(rank, world, torch.device("cpu"))
-        outcome = train_dpo(job, FileReporter(log) if group.leader else Silent(), train_rows, eval_rows, group=group)
+        outcome = recipe(job, FileReporter(log) if group.leader else Silent(), train_rows, eval_rows, group=group)
         results.put((rank, outcome.status, outcome.result))
     finally:
         dist.destroy_process_group()
 
 
-def test_dpo_on_two_ranks_matches_one(store, cache_root, base, tokenizer, tmp_path):
+def _on_two_ranks(job, log, train_rows, eval_rows) -> dict[int, tuple[str, dict]]:
+    """The recipe of `job` on two ranks of a plain gloo process group: {rank: (status, result)}."""
     import multiprocessing
 
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    ranks = [context.Process(target=_recipe_rank, args=(job.method_type, r, 2, port, job, log, train_rows, eval_rows,
+                                                        results)) for r in range(2)]
+    for process in ranks:
+        process.start()
+    got = dict((rank, (status, result)) for rank, status, result in (results.get(timeout=RANKS_TIMEOUT_S) for _ in ranks))
+    for process in ranks:
+        process.join(RANKS_TIMEOUT_S)
+        assert process.exitcode == 0
+    return got
+
+
+def test_dpo_on_two_ranks_matches_one(store, cache_root, base, tokenizer, tmp_path):
     from tests.train.conftest import tokenize
 
     file_rows = ticket_splits()[0][:FILE_ROWS]
@@ -214,20 +235,7 @@ def test_dpo_on_two_ranks_matches_one(store, cache_root, base, tokenizer, tmp_pa
                    max_seq_length=128, output_prefix="adapters/one/", checkpoint_prefix="checkpoints/one/")
     two = dataclasses.replace(one, output_prefix="adapters/two/", checkpoint_prefix="checkpoints/two/")
     single = train_dpo(one, FileReporter(tmp_path / "one.jsonl"), train_rows, eval_rows)
-
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
-    ranks = [context.Process(target=_dpo_rank, args=(r, 2, port, two, tmp_path / "two.jsonl", train_rows, eval_rows, results))
-             for r in range(2)]
-    for process in ranks:
-        process.start()
-    got = dict((rank, (status, result)) for rank, status, result in (results.get(timeout=RANKS_TIMEOUT_S) for _ in ranks))
-    for process in ranks:
-        process.join(RANKS_TIMEOUT_S)
-        assert process.exitcode == 0
+    got = _on_two_ranks(two, tmp_path / "two.jsonl", train_rows, eval_rows)
 
     assert got[0][0] == got[1][0] == "succeeded"
     r1, r2 = single.result, got[0][1]
@@ -240,3 +248,37 @@ def test_dpo_on_two_ranks_matches_one(store, cache_root, base, tokenizer, tmp_pa
     for name in a1:
         torch.testing.assert_close(a2[name], a1[name], rtol=RTOL, atol=ATOL)
     assert any(v.abs().max() > 10 * ATOL for k, v in a1.items() if "lora_B" in k)
+
+
+def test_rft_on_two_ranks_matches_one(store, cache_root, base, tokenizer, ticket_rows, tmp_path):
+    """Reinforcement (train/rft.py): each rank samples and grades its share of a step's prompts with
+    the same seeds one rank would use, whole groups per rank, and the loss is normalised over the
+    whole batch; so two ranks follow one within the tolerance above (the engine decodes other
+    batch shapes on each rank, which rounds the logits differently: a sampled token could differ
+    only at a near-tie of the cumulative probabilities, at temperature 0.2 not met on these rows)."""
+    from tests.train.conftest import tokenize
+    from tests.train.test_rft import prompts_jsonl
+    from train.rft import example_settings, train_rft
+    from train.sft import train_sft
+
+    parent = make_job(store, cache_root, n_epochs=3, output_prefix="adapters/parent/", checkpoint_prefix="ck/parent/")
+    assert train_sft(parent, FileReporter(tmp_path / "sft.jsonl"), ticket_rows[:160], ticket_rows[160:164]).status == "succeeded"
+    train_rows, _ = tokenize(prompts_jsonl(ticket_splits()[0][:8]), tokenizer, base, method="reinforcement")
+    eval_rows, _ = tokenize(prompts_jsonl(ticket_splits()[1][:3]), tokenizer, base, method="reinforcement")
+    one = make_job(store, cache_root, method_type="reinforcement", beta=0.04, n_epochs=1, batch_size=4, learning_rate=1e-3,
+                   init_adapter_prefix="adapters/parent/", eval_source="validation_file", eval_prefix="v/",
+                   output_prefix="adapters/rft-one/", checkpoint_prefix="checkpoints/rft-one/",
+                   reinforcement=example_settings(samples_per_prompt=4, max_completion_tokens=3, temperature=0.2))
+    two = dataclasses.replace(one, output_prefix="adapters/rft-two/", checkpoint_prefix="checkpoints/rft-two/")
+    single = train_rft(one, FileReporter(tmp_path / "one.jsonl"), train_rows, eval_rows)
+    got = _on_two_ranks(two, tmp_path / "two.jsonl", train_rows, eval_rows)
+
+    assert got[0][0] == got[1][0] == "succeeded"
+    r1, r2 = single.result, got[0][1]
+    assert (r2["steps"], r2["trained_tokens"], r2["eval_rows"]) == (r1["steps"], r1["trained_tokens"], r1["eval_rows"])
+    for key in ("eval_reward_before", "eval_reward", "train_loss"):
+        assert r2[key] == pytest.approx(r1[key], rel=RTOL, abs=ATOL), key
+    a1, a2 = _adapter(store, one), _adapter(store, two)
+    for name in a1:
+        torch.testing.assert_close(a2[name], a1[name], rtol=RTOL, atol=ATOL)
+    assert any(not torch.equal(a1[k], v) for k, v in _adapter(store, parent).items())  # it trained

@@ -51,3 +51,24 @@ def test_dpo_eval_loss_starts_at_ln2_and_falls(store, cache_root, base, tokenize
     resumed = train_dpo(dataclasses.replace(job, resume=True, output_prefix="adapters/resumed/"), reporter, train_rows, eval_rows)
     assert resumed.result["steps"] == result["steps"] and resumed.result["eval_loss"] == result["eval_loss"]
     assert store.get_bytes("adapters/resumed/adapter_model.safetensors") == store.get_bytes(job.output_prefix + "adapter_model.safetensors")
+
+
+def test_dpo_from_a_parent_adapter_starts_at_ln2_against_the_parent(store, cache_root, base, tokenizer, tmp_path):
+    """A job that continues from an ft: model (jobs/lineage.py): the adapter starts as the parent's
+    (a random, non-zero one here) and the reference is the parent, so the loss starts at ln 2 again;
+    against the base it would not."""
+    from tests.factories import random_adapter
+
+    for name, data in random_adapter(base, cache_root, seed=3, rank=8).items():
+        store.put_bytes("parents/p/" + name, data)
+    rows, _ = tokenize(preference_jsonl(ticket_splits()[0][:24]), tokenizer, base, method="dpo")
+    train_rows, eval_rows = rows[:20], rows[20:]
+    job = make_job(store, cache_root, method_type="dpo", beta=0.5, n_epochs=1, batch_size=4, learning_rate=5e-3,
+                   lora_rank=8, lora_alpha=16, init_adapter_prefix="parents/p/")
+    outcome = train_dpo(job, FileReporter(tmp_path / "log.jsonl"), train_rows, eval_rows)
+    assert outcome.status == "succeeded"
+    assert math.isclose(outcome.result["eval_loss_before"], math.log(2), abs_tol=1e-9)
+    assert outcome.result["eval_loss"] < math.log(2)
+    fresh = train_dpo(dataclasses.replace(job, init_adapter_prefix=None, output_prefix="adapters/fresh/"),
+                      FileReporter(tmp_path / "fresh.jsonl"), train_rows, eval_rows)
+    assert fresh.result["train_loss"] != outcome.result["train_loss"]  # it did start elsewhere

@@ -145,3 +145,18 @@ def test_agreement_rule_prices_the_first_difference_with_the_reference_logits():
     assert outside.margin == pytest.approx(1.5)
     longer = compare(_ref([5], [[(5, 1.0), (9, 0.9)]]), (5, 9))
     assert longer.margin == float("inf")
+
+
+def test_a_reinforcement_jobs_prompts_are_its_rows_messages_with_its_completion_budget(pstore, cache_root, tokenizer, base):
+    """A reinforcement row is all prompt (no answer to size the budget by): the job's max_completion_tokens."""
+    from train.parity import held_out_prompts
+
+    rows = [{"messages": [{"role": "user", "content": t}], "label": label} for t, label in ticket_splits()[1][:3]]
+    pstore.put_bytes("files/acct/prompts.jsonl", b"".join(json.dumps(r).encode() + b"\n" for r in rows))
+    req = request(pstore, cache_root, "unused/", method_type="reinforcement", prompts_key="files/acct/prompts.jsonl",
+                  holdout_seed=None, prompts=2, answer_tokens=5)
+    prompts = held_out_prompts(req, pstore, tokenizer, base)
+    assert [p.line for p in prompts] == [1, 2] and [p.max_tokens for p in prompts] == [5, 5]
+    from pipelines.generate import render_prompt
+
+    assert prompts[0].ids == tuple(render_prompt(rows[0]["messages"], tokenizer, base))

@@ -1,8 +1,8 @@
-// One job: its facts, quote and charge, the loss chart, the event log (new events fetched as they
+// One job: its facts, quote and charge, the loss chart (and a reinforcement job's reward chart), the event log (new events fetched as they
 // arrive, newest first), its checkpoints with adapter downloads, and its result.
 import { all, download, get } from "../api.js";
 import { button, facts, h, num, replace, section, statusBadge, table, usd, when } from "../dom.js";
-import { evalPoints, lossChart, trainPoints } from "../loss_chart.js";
+import { evalPoints, lossChart, rewardChart, trainPoints } from "../loss_chart.js";
 import { notServable } from "./jobs.js";
 
 const ENDED = new Set(["succeeded", "failed", "cancelled"]);
@@ -30,9 +30,11 @@ async function newEvents(jobId, known) {
 export function jobView(root, { live, params: [jobId] }) {
   const head = h("div"), summary = h("div"), quote = h("div"), result = h("div"), checkpoints = h("div");
   const log = h("ol", { class: "events", id: "events", "aria-live": "polite" });
-  const chart = lossChart();
+  const chart = lossChart(), rewards = rewardChart();
+  const rewardSection = section("Reward", "h-reward", rewards.root);
+  rewardSection.hidden = true; // shown once the job is known to be a reinforcement job
   root.append(h("p", {}, h("a", { href: "#/jobs" }, "← All jobs")), head,
-    section("Summary", "h-summary", summary), section("Loss", "h-loss", chart.root),
+    section("Summary", "h-summary", summary), rewardSection, section("Loss", "h-loss", chart.root),
     section("Quote and charge", "h-quote", quote), section("Result", "h-result", result),
     section("Checkpoints", "h-checkpoints", checkpoints), section("Events", "h-events", log));
   let events = [], passesAfterEnd = 0;
@@ -55,9 +57,12 @@ export function jobView(root, { live, params: [jobId] }) {
         job.fine_tuned_model ? h("p", {}, "Model ", h("code", {}, job.fine_tuned_model), " · ", h("a", { href: "#/models" }, "Models"))
           : notServable(job) ? h("p", { class: "not-servable", role: "status" }, notServable(job)) : null)
       : h("p", { class: "empty" }, ENDED.has(job.status) ? "No result: the job did not finish training." : "No result yet."));
-    replace(checkpoints, table("Checkpoints, newest first", ["Step", "Checkpoint model", "Train loss", "Created", "Adapter"],
+    const rl = job.method?.type === "reinforcement";
+    replace(checkpoints, table("Checkpoints, newest first",
+      ["Step", "Checkpoint model", "Train loss", ...(rl ? ["Validation reward"] : []), "Created", "Adapter"],
       ckpts.map((c) => [String(c.step_number), h("code", {}, c.fine_tuned_model_checkpoint), num(c.metrics.train_loss),
-        when(c.created_at), adapterButtons(c.fine_tuned_model_checkpoint)]), "No checkpoints yet."));
+        ...(rl ? [num(c.metrics.valid_mean_reward)] : []), when(c.created_at), adapterButtons(c.fine_tuned_model_checkpoint)]),
+      "No checkpoints yet."));
     if (fresh.length !== events.length) {
       log.prepend(...fresh.slice(0, fresh.length - events.length).map((e) => h("li", { class: `ev-${e.level}`, "data-type": e.type },
         h("time", {}, when(e.created_at)), " ", e.message)));
@@ -66,6 +71,8 @@ export function jobView(root, { live, params: [jobId] }) {
     if (!events.length) replace(log, h("li", { class: "empty" }, "No events yet."));
     else log.querySelector("li.empty")?.remove();
     chart.update(trainPoints([...events].reverse()), evalPoints(gl.result));
+    rewardSection.hidden = !rl;
+    if (rl) rewards.update(trainPoints([...events].reverse(), "reward_mean"), evalPoints(gl.result, "reward", ckpts));
     // One more pass after the end catches events written with the last status change.
     return !ENDED.has(job.status) || passesAfterEnd++ < 1;
   });
