@@ -39,9 +39,10 @@ setup  -> base + adapter (train/lora.py; the parent's weights when there is one)
           Ray task per base, as evals answer them
 step   -> for each of this rank's prompts (the loop splits the batch's prompts across ranks; a
           prompt's whole group stays on its rank, so advantages use the whole group),
-          `samples_per_prompt` completions sampled at temperature 1, each seeded from (job seed,
+          `samples_per_prompt` completions sampled at the job's `temperature` (1 by default), each seeded from (job seed,
           epoch, line, sample): a run is reproducible on one machine and a resumed run draws what
-          the uninterrupted one would; graded; a grade that fails is 0 and counted; a step where
+          the uninterrupted one would; graded; a grade that fails is 0 and counted (a multi grade
+          only when nothing scored: one failed grader is a 0 inside its formula); a step where
           every sample's grade failed fails the job (`grader_failed`); reference and policy
           log-probs of each completion (prompt as context, the completion's tokens up to and
           including its end-of-turn token trained); the loss above
@@ -100,6 +101,12 @@ _FIGURES = ("samples", "reward_sum", "reward_sq_sum", "failures", "kl_sum", "com
 def _seed(*parts: object) -> int:
     """A stable 63-bit seed from the parts (Python's hash() of a str changes between processes)."""
     return int.from_bytes(hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest(), "big") >> 1
+
+
+def _failed(grade) -> bool:
+    """A grade that had no score: its grader failed (0, counted). A multi grade whose formula still
+    scored above 0 although one of its graders failed is a grade (that grader's 0 is in it)."""
+    return bool(grade.details.get("errors")) and grade.score == 0
 
 
 class RFTSteps:
@@ -164,7 +171,7 @@ class RFTSteps:
         tokens = completion_tokens + k * sum(len(r["prompt_ids"]) for r in rows)
         figures = {
             "samples": len(grades), "reward_sum": float(rewards.sum()), "reward_sq_sum": float((rewards ** 2).sum()),
-            "failures": sum(1 for g in grades if g.details.get("errors")), "kl_sum": kl_sum,
+            "failures": sum(1 for g in grades if _failed(g)), "kl_sum": kl_sum,
             "completion_tokens": completion_tokens, "groups": len(rows),
             "flat_groups": int((rewards.max(dim=1).values == rewards.min(dim=1).values).sum()),
             "seconds": time.monotonic() - started,

@@ -120,3 +120,25 @@ def test_sft_then_rft_raises_the_validation_reward(chain_account):
     # 80 % of the held-out rows) is not reached yet through the service on this stand-in; the same
     # settings in one process (train_sft then train_rft) went from 25/40 to 34/40.
     assert child_right > parent_right and child_right >= 0.65 * total
+
+
+@pytest.mark.heavy  # a reinforcement job through the service: minutes on two cores (make test-heavy)
+@pytest.mark.timeout(1200)
+def test_an_rft_job_with_a_python_grader_completes(chain_account):
+    """The python grader runs in the graders' sandbox from the Ray Train worker; on the untrained
+    stand-in a length reward still varies within groups, so the job trains and registers."""
+    client = chain_account
+    source = "def grade(sample, item):\n    return min(len(sample['output_text']), 8) / 8\n"
+    prompts = client.files.create(file=("p.jsonl", io.BytesIO(prompts_jsonl(ticket_splits()[0][:12]))),
+                                  purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model=BASE, training_file=prompts.id, seed=1, method={
+        "type": "reinforcement", "reinforcement": {"grader": {"type": "python", "name": "length", "source": source},
+                                                   "hyperparameters": {"batch_size": 4, "compute_multiplier": 0.25,
+                                                                       "max_completion_tokens": 3, "learning_rate": 1e-4}}})
+    job = wait(client, job.id, timeout=1100)
+    assert job.status == "succeeded", job.error
+    result = job.model_extra["gridline"]["result"]
+    assert result["steps"] == 3 and 0 <= result["eval_reward"] <= 1  # 11 prompts trained (1 held out), 4 a step
+    steps = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100)
+             if e.type == "metrics" and "reward_mean" in (e.data or {})]
+    assert len(steps) == 3 and all(m["grader_failures"] == 0 and m["reward_mean"] > 0 for m in steps)

@@ -154,3 +154,13 @@ def test_reasoning_effort_turns_the_thinking_switch_on_and_grades_the_answer_aft
     assert steps.train_rows[0]["prompt_ids"] != off[0] and "<think>" in tokenizer.decode(off[0]) and "<think>" not in on
     assert on.endswith("<|im_start|>assistant\n")
     assert steps._graded_text("<think>\nit is about a parcel\n</think>\n\ndelivery") == "delivery"
+
+
+def test_a_grade_counts_as_failed_when_its_grader_gave_no_score():
+    from graders import Grade
+    from train.rft import _failed
+
+    assert _failed(Grade(0.0, False, {"errors": {"python_grader_runtime_error": True}}))
+    assert not _failed(Grade(0.0, False, {}))  # a wrong answer is a grade of 0, not a failure
+    # A multi grade whose judge failed but whose formula still scored: a grade, the judge's 0 in it.
+    assert not _failed(Grade(0.5, True, {"errors": {"model_grader_parse_error": True}, "sub_scores": {"a": 1, "b": 0}}))
