@@ -102,7 +102,8 @@ def _check_range(item: dict, *, files: list[StoredFile]) -> dict:
 
 
 def _mixed(file_kind: str, other: str, line: int) -> FileValidationError:
-    """The upload's `mixed_row_kinds` refusal for a row of kind `other`, from `Tally` itself."""
+    """The upload's refusal for a row of kind `other` (`mixed_row_kinds`, or `invalid_messages` for a
+    prompt in a chat file), from `Tally` itself."""
     try:
         Tally(FileStats(row_kind=file_kind)).add(BlockResult(1, FileStats(row_kind=other, rows=1)))
     except FileValidationError as err:
@@ -146,7 +147,8 @@ def _reports(files: list[StoredFile], results: list[dict], sizes: list[int]) -> 
             offset += r["lines"]
         for n, mark in enumerate(marks, 1):
             if mark != "-" and _MARK_KIND[mark] != file_kind:
-                bad[n] = BadLine(file.path, n, "mixed_row_kinds", _mixed(file_kind, _MARK_KIND[mark], n).message)
+                err = _mixed(file_kind, _MARK_KIND[mark], n)
+                bad[n] = BadLine(file.path, n, err.code, err.message)
         stats = FileStats(bytes=sizes[f])
         if file_kind is not None:
             rows, messages, content = (sum(orjson.loads(r["sums"])[file_kind][k] for r in ranges) for k in range(3))

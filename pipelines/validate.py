@@ -138,6 +138,11 @@ class Tally:
             raise FileValidationError(block.error_code, block.error_detail, self.lines + block.error_line)
         if mismatch:
             file_kind = kind or block.stats.row_kind
+            if file_kind == "chat" and other == "reinforcement":
+                # In a chat file a row with no assistant turn is a chat row missing what it trains on
+                # (the code it had before reinforcement rows existed), not a prompt of another kind.
+                raise FileValidationError("invalid_messages", "the row has no assistant message; every row needs one "
+                                          "to train on.", self.lines + mismatch)
             raise FileValidationError(
                 "mixed_row_kinds",
                 f"this is {ROW_SHAPES.get(other, 'another kind of row')} but the file's first row is a {file_kind} "

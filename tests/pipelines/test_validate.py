@@ -63,7 +63,7 @@ CHAT_CASES = [
     Case("content_null", _chat(U, message("assistant", None)), "invalid_messages", "message 2"),
     Case("content_missing", _chat(U, {"role": "assistant"}), "invalid_messages", "message 2"),
     # A prompt without an answer is a reinforcement row: in a chat file, a row of another kind.
-    Case("no_assistant", _chat(message("system", MARK), U), "mixed_row_kinds", "assistant"),
+    Case("no_assistant", _chat(message("system", MARK), U), "invalid_messages", "assistant"),
     Case("no_assistant_ends_system", _chat(message("system", MARK)), "invalid_messages", "assistant"),
     Case("all_weight_zero", _chat(U, message("assistant", MARK, weight=0)), "invalid_messages", "weight"),
     Case("weight_two", _chat(U, message("assistant", MARK, weight=2)), "invalid_messages", "weight"),
