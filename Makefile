@@ -38,7 +38,7 @@ test: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/python -m pytest -q $(XDIST)
 
 # Faults injected into real work (runs, batches, merges, distills, webhook deliveries): killed
-# processes, a PostgreSQL restart, an S3 outage (12 tests, about 25 min on a shared, busy machine).
+# processes, a PostgreSQL restart, an S3 outage (13 tests, 31 min on a machine shared with a training helper).
 test-faults: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m faults tests/faults
 
