@@ -71,9 +71,19 @@ class SandboxLimits:
 class PythonRuntime:
     """The interpreter the sandbox runs and the directories it needs mounted (defaults: this one)."""
 
-    executable: str = sys.executable
+    executable: str = field(default_factory=lambda: _inside(sys.executable))
     mounts: tuple[str, ...] = field(default_factory=lambda: tuple(sorted({
         os.path.realpath(sys.prefix), os.path.realpath(sys.base_prefix)})))
+
+
+def _inside(executable: str) -> str:
+    """The interpreter's path under the mounted (resolved) prefix: a venv reached through a symlink
+    (a checkout whose .venv links to another) is mounted at its real path only, and resolving the
+    interpreter itself would leave the venv (its pyvenv.cfg is found beside the path it runs as)."""
+    prefix = sys.prefix
+    if os.path.commonpath([os.path.abspath(executable), prefix]) != prefix:
+        return executable
+    return os.path.join(os.path.realpath(prefix), os.path.relpath(executable, prefix))
 
 
 @dataclass(frozen=True)
@@ -149,8 +159,11 @@ def command(limits: SandboxLimits, runtime: PythonRuntime, input_fd: int, uid: i
     cmd = ["bwrap", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
            "--die-with-parent", "--new-session",
            "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64",
-           "--symlink", "usr/bin", "/bin"]
-    made = {"/usr"}
+           "--symlink", "usr/bin", "/bin",
+           "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/tmp"]
+    # The interpreter's mounts come after the scratch tmpfs: a venv under /tmp (a checkout there)
+    # would otherwise be hidden by it.
+    made = {"/usr", "/tmp"}
     for mount in runtime.mounts:
         # bwrap makes missing parents with the source's modes (/root is 0700): 0755 ones instead.
         for parent in _parents(mount):
@@ -159,8 +172,7 @@ def command(limits: SandboxLimits, runtime: PythonRuntime, input_fd: int, uid: i
                 cmd += ["--perms", "0755", "--dir", parent]
         if not mount.startswith("/usr/"):
             cmd += ["--ro-bind", mount, mount]
-    cmd += ["--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", str(limits.disk_bytes), "--tmpfs", "/tmp",
-            "--perms", "0755", "--dir", "/grader", "--perms", "0444", "--ro-bind-data", str(input_fd), "/grader/input.json",
+    cmd += ["--perms", "0755", "--dir", "/grader", "--perms", "0444", "--ro-bind-data", str(input_fd), "/grader/input.json",
             "--remount-ro", "/", "--chdir", "/tmp", "--clearenv", "--setenv", "PATH", "/usr/bin",
             "--setenv", "HOME", "/tmp", "--setenv", "LANG", "C.UTF-8"]
     if root:

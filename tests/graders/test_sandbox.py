@@ -78,3 +78,29 @@ def test_through_grade_a_failure_is_zero_with_its_reason():
     result = grade(grader, sample_namespace("x"), {}, Runtime(sandbox=LIMITS))
     assert (result.score, result.passed) == (0.0, False)
     assert "KeyError" in result.reason and result.details["errors"] == {"python_grader_runtime_error": True}
+
+
+def test_an_interpreter_under_tmp_or_reached_through_a_symlink_still_runs(tmp_path):
+    """Two checkouts' layouts that once gave every grade `no_result`: a venv under /tmp (hidden by the
+    sandbox's own scratch tmpfs, mounted over /tmp) and a .venv that is a symlink to another
+    checkout's (only its real path is mounted, so the interpreter must be named by that path)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from graders.sandbox import PythonRuntime
+
+    assert str(tmp_path).startswith("/tmp/")
+    venv = tmp_path / "under-tmp"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=60)
+    runtime = PythonRuntime(executable=str(venv / "bin" / "python"),
+                            mounts=(str(venv), os.path.realpath(sys.base_prefix)))
+    assert run_python("def grade(sample, item):\n    return 0.25\n", sample_namespace("a"), {}, LIMITS, runtime).score == 0.25
+
+    link = tmp_path / "linked-venv"
+    link.symlink_to(Path(sys.prefix).resolve())
+    code = ("from graders import sample_namespace\nfrom graders.sandbox import run_python\n"
+            "print(run_python('def grade(sample, item):\\n    return 0.5\\n', sample_namespace('a'), {}).score)")
+    out = subprocess.run([str(link / "bin" / "python"), "-c", code], cwd=Path(__file__).resolve().parents[2],
+                         capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "0.5", out.stderr[-2000:]
