@@ -38,9 +38,12 @@ test: $(STAMP) $(DASHBOARD)
 	$(VENV)/bin/python -m pytest -q $(XDIST)
 
 # Faults injected into real work (runs, batches, merges, distills, webhook deliveries): killed
-# processes, a PostgreSQL restart, an S3 outage (13 tests, 31 min on a machine shared with a training helper).
+# processes, a PostgreSQL restart (a server of the test's own), an S3 outage. Two tests at a time, a
+# test to whichever xdist worker is free (each worker has its own Ray cluster and marks its own
+# processes, so a fault finds only its test's): the tests wait on leases, restarts and Ray Train's
+# start about a third of the time.
 test-faults: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m faults tests/faults
+	$(VENV)/bin/python -m pytest -q -m faults -n 2 --dist load tests/faults
 
 # The service on a real three-node Ray cluster (head + two worker nodes in mount namespaces of
 # their own; needs root for unshare and mount), compared with the same flow on one node, then a
@@ -83,7 +86,7 @@ $(MLFLOW_STAMP):
 # API key revocation under load, slow bodies, the background distill shortcut), a real distillation at the file limit, the Ray
 # Data path of the create checks on a row of the wrong shape.
 test-heavy: $(STAMP) $(MLFLOW_STAMP)
-	$(VENV)/bin/python -m pytest -q -m heavy
+	$(VENV)/bin/python -m pytest -q -m heavy $(XDIST)
 
 # Everything every test target needs: what make test needs (the venv, the dashboard bundle), and
 # what only the later suites need (Promptfoo, the MLflow venv). .ci/run installs the second part

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -135,3 +136,59 @@ def kill(pid: int, sig=signal.SIGKILL) -> None:
         os.kill(pid, sig)
     except ProcessLookupError:
         pass
+
+
+class PrivatePostgres:
+    """A PostgreSQL server of one test's own (initdb in a temporary directory, a free port on
+    127.0.0.1, trust auth), so that restarting it breaks only that test's service: the fault suite
+    runs two tests at a time, and the machine's shared server (127.0.0.1:5432) serves the other."""
+
+    def __init__(self, root: Path, port: int):
+        import glob
+
+        self.bin = Path(sorted(glob.glob("/usr/lib/postgresql/*/bin"))[-1])
+        self.root, self.port = root, port
+        self.data = root / "data"
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+
+    def _pg(self, tool: str, *args: str) -> None:
+        import subprocess
+
+        # PostgreSQL refuses to run as root: its own user runs it, as the Debian cluster does.
+        subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / tool), *args], check=True, timeout=120,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def _ctl(self, action: str, *args: str) -> None:
+        self._pg("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.root / "log"), action, *args)
+
+    def start(self) -> "PrivatePostgres":
+        import shutil
+
+        shutil.chown(self.root, "postgres")
+        self._pg("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8")
+        self._ctl("start", "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1")
+        return self
+
+    def restart(self) -> None:
+        """As `pg_ctlcluster ... restart` does: a fast shutdown (every connection cut), then a start."""
+        self._ctl("restart", "-m", "fast", "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1")
+
+    def stop(self) -> None:
+        self._ctl("stop", "-m", "immediate")
+
+
+@pytest.fixture
+def private_pg():
+    """PrivatePostgres, started; stopped after the test."""
+    import shutil
+
+    if not shutil.which("runuser") or not Path("/usr/lib/postgresql").is_dir():
+        pytest.skip("the PostgreSQL server binaries (Debian's postgresql) are not installed")
+    from tests.conftest import free_port
+
+    server = PrivatePostgres(Path(tempfile.mkdtemp(prefix="oftpg-")), free_port()).start()
+    try:
+        yield server
+    finally:
+        server.stop()
+        shutil.rmtree(server.root, ignore_errors=True)

@@ -23,8 +23,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
-import os
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -310,14 +308,12 @@ def test_ray_kill_of_the_controller_mid_eval_run_hands_it_over(service, fresh_pg
         db.dispose()
 
 
-def test_postgres_restarted_mid_batch_and_mid_merge_both_end_once(service, fresh_pg_url, record_property):
-    api, _ = service("bgpg", database_url=fresh_pg_url)
+def test_postgres_restarted_mid_batch_and_mid_merge_both_end_once(service, private_pg, record_property):
+    api, _ = service("bgpg", database_url=private_pg.url)
     db = Database(api.settings.resolved_database_url(), migrate=False)
     try:
         a, b, batch_id, bob_id, model = _batch_and_merge(api, db)
-        cluster = next(iter(sorted(os.listdir("/etc/postgresql"))))
-        subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True,
-                       timeout=120)
+        private_pg.restart()
         assert_batch_ended_once(a, db, batch_id, [f"req-{i:05d}" for i in range(LINES)], "completed")
         record_property("survived:batch", 1)
         assert_merged_once(b, db, api.settings, bob_id, model, attempts=1)  # the holder rode through

@@ -235,13 +235,12 @@ def test_a_time_limit_shorter_than_the_runs_start_stops_it(service):
 
 
 # -- the database and the object store go away ----------------------------------------------------
-def test_postgres_restarted_mid_job_is_ridden_through(service, fresh_pg_url):
-    api, _ = service("pgrestart", database_url=fresh_pg_url)
+def test_postgres_restarted_mid_job_is_ridden_through(service, private_pg):
+    api, _ = service("pgrestart", database_url=private_pg.url)
     client = new_client(api)
     job = start_job(client, ROWS, n_epochs=EPOCHS)
     first_metrics(client, job.id)
-    cluster = next(iter(sorted(os.listdir("/etc/postgresql"))))
-    subprocess.run(["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True, timeout=120)
+    private_pg.restart()
     assert_succeeded_once(api, client, job, attempts=1)
 
 
