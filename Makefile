@@ -67,9 +67,9 @@ test-e2e: $(STAMP) $(DASHBOARD) $(PROMPTFOO)
 
 # The fuzzers' large profile: more generated uploads, multipart bodies and request heads, the 64 MiB
 # file edges, schemathesis with more cases per operation, PostgreSQL and the admin routes (the default
-# profile runs in make test).
+# profile runs in make test). Two xdist workers: the fuzzers' own process is half the CPU.
 test-fuzz: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m fuzz_large tests/fuzz
+	$(VENV)/bin/python -m pytest -q -m fuzz_large $(XDIST) tests/fuzz
 
 # A real MLflow tracking server for the mlflow integration's test (tests/train/integrations): the
 # full mlflow package pins its own server dependencies, so it gets a venv of its own; the service

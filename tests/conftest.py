@@ -275,32 +275,38 @@ HEAVY_VARIANTS = {
 }
 
 
-# make test and make test-heavy run on two xdist workers, a file at a time (--dist loadfile
-# --no-loadscope-reorder): the files that take longest in that target go first, so that the two
-# workers end together instead of one waiting out a long file started last. The rest keep their
-# collection order.
-FIRST_FILES = (
-    "tests/bench/test_gpu_check.py",
-    "tests/serve_app/test_training_control.py",
-    "tests/serve_app/test_jobs_api.py",
-    "tests/serve_app/test_training_api.py",
-    "tests/worker/test_controller.py",
-    "tests/serve_app/test_upload_hardening.py",
-    "tests/test_cli.py",
-)
-# make test-heavy's (`-m heavy`), by their heavy tests' times (issue 23's note).
-HEAVY_FIRST_FILES = (
-    "tests/serve_app/test_rft_chain.py",
-    "tests/serve_app/test_batches_e2e.py",
-    "tests/train/test_ddp.py",
-    "tests/train/integrations/test_tracking_job.py",
-    "tests/serve_app/test_training_control.py",
-    "tests/serve_app/test_training_api.py",
-    "tests/test_cli.py",
-    "tests/train/test_train_storage.py",
-    "tests/pipelines/test_s3_pipelines.py",
-    "tests/worker/test_deliveries.py",
-)
+# make test, make test-heavy and make test-fuzz run on two xdist workers, a file at a time (--dist
+# loadfile --no-loadscope-reorder): the files that take longest in that target go first, so that the
+# two workers end together instead of one waiting out a long file started last. The rest keep their
+# collection order. Keyed by the target's -m expression ("" for make test's, from pyproject.toml).
+FIRST_FILES = {
+    "": (
+        "tests/bench/test_gpu_check.py",
+        "tests/serve_app/test_training_control.py",
+        "tests/serve_app/test_jobs_api.py",
+        "tests/serve_app/test_training_api.py",
+        "tests/worker/test_controller.py",
+        "tests/serve_app/test_upload_hardening.py",
+        "tests/test_cli.py",
+    ),
+    "heavy": (
+        "tests/serve_app/test_rft_chain.py",
+        "tests/serve_app/test_batches_e2e.py",
+        "tests/train/test_ddp.py",
+        "tests/train/integrations/test_tracking_job.py",
+        "tests/serve_app/test_training_control.py",
+        "tests/serve_app/test_training_api.py",
+        "tests/test_cli.py",
+        "tests/train/test_train_storage.py",
+        "tests/pipelines/test_s3_pipelines.py",
+        "tests/worker/test_deliveries.py",
+    ),
+    "fuzz_large": (
+        "tests/fuzz/test_schema_fuzz.py",
+        "tests/fuzz/test_upload_fuzz.py",
+        "tests/fuzz/test_header_fuzz.py",
+    ),
+}
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -308,9 +314,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in HEAVY_VARIANTS:
             item.add_marker(pytest.mark.heavy)
-    missing = [path for path in FIRST_FILES + HEAVY_FIRST_FILES if not (ROOT / path).exists()]
-    assert not missing, f"FIRST_FILES or HEAVY_FIRST_FILES names files that are gone: {missing}"
-    first = HEAVY_FIRST_FILES if config.getoption("markexpr") == "heavy" else FIRST_FILES
+    missing = [path for paths in FIRST_FILES.values() for path in paths if not (ROOT / path).exists()]
+    assert not missing, f"FIRST_FILES names files that are gone: {missing}"
+    first = FIRST_FILES.get(config.getoption("markexpr"), FIRST_FILES[""])
     rank = {path: i for i, path in enumerate(first)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep their order
 

@@ -1,6 +1,6 @@
 """Fault injection with real processes: each test runs real stand-in training on Ray Train and
 breaks something real mid-run (a process group, an actor, a Train worker, PostgreSQL, the S3
-server). `make test-faults` runs them; `make test` does not (they take about 11 minutes here)."""
+server). `make test-faults` runs them, two at a time; `make test` does not (14 minutes here)."""
 
 from __future__ import annotations
 
