@@ -281,7 +281,6 @@ HEAVY_VARIANTS = {
 # collection order. Keyed by the target's -m expression ("" for make test's, from pyproject.toml).
 FIRST_FILES = {
     "": (
-        "tests/bench/test_gpu_check.py",
         "tests/serve_app/test_training_control.py",
         "tests/serve_app/test_jobs_api.py",
         "tests/serve_app/test_training_api.py",
@@ -291,6 +290,7 @@ FIRST_FILES = {
     ),
     "heavy": (
         "tests/serve_app/test_rft_chain.py",
+        "tests/bench/test_gpu_check.py",
         "tests/serve_app/test_batches_e2e.py",
         "tests/train/test_ddp.py",
         "tests/train/integrations/test_tracking_job.py",

@@ -26,6 +26,7 @@ def chain_account(training_api, controller):
     return training_api.client(key)
 
 
+@pytest.mark.heavy  # two training runs through the controller (about a minute): make test-heavy
 def test_an_sft_job_on_an_sft_model_starts_from_its_weights(chain_account):
     """Both jobs hold out the same rows (same file, same seed), so the child's eval loss before
     training is the parent's eval loss after it: the child's first forward is the parent's model."""
