@@ -126,6 +126,7 @@ def test_accounts_create_then_serve_until_sigterm():
             server.kill()
 
 
+@pytest.mark.heavy  # an `openft serve` and its Ray of its own (about 30 s): make test-heavy
 def test_serve_refuses_a_worker_count_the_cluster_cannot_place():
     # The local cluster has this machine's CPUs; 64 Train workers of one CPU each never fit on it.
     data_dir = Path(tempfile.mkdtemp(prefix="oftcli-"))

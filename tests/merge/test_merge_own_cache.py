@@ -34,6 +34,7 @@ def _private_mounts_allowed() -> bool:
     return shutil.which("unshare") is not None and subprocess.run(["unshare", "--mount", "true"]).returncode == 0
 
 
+@pytest.mark.heavy  # a 7B-shaped stand-in merged by shard tasks on nodes of their own (about 25 s): make test-heavy
 def test_shard_tasks_resolve_the_base_in_their_own_nodes_cache(tmp_path, qwen7b, qwen7b_adapter, model_cache, ray_cluster):
     if not _private_mounts_allowed():
         pytest.skip("unshare --mount is not permitted here")

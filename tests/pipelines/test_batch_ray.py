@@ -78,6 +78,7 @@ def mixed_lines() -> list:
     return lines
 
 
+@pytest.mark.heavy  # three models' generation on Ray Data (about 35 s): make test-heavy
 def test_batch_over_base_and_two_adapters(ray_cluster, settings, store, adapters):
     plan = make_plan(store, adapters, "batch_aaaaaaaaaaaaaaaaaaaaaaaa", mixed_lines())
     progress = []

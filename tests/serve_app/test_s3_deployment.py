@@ -37,6 +37,7 @@ def _sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+@pytest.mark.heavy  # a deployment of its own on S3 with a merge (about 40 s): make test-heavy
 def test_files_adapters_and_merged_exports_on_s3(s3_env, seaweed, tmp_path):
     api, env, bucket = s3_env
     account_id, key = api.create_account()
