@@ -89,7 +89,7 @@ def offline_runs(wandb_dir: Path, run_id: str) -> list[Path]:
     return sorted((wandb_dir / "wandb").glob(f"offline-run-*-{run_id}"))
 
 
-def finished_offline_run(wandb_dir: Path, run_id: str, timeout: float = 120) -> OfflineRun:
+def finished_offline_run(wandb_dir: Path, run_id: str, timeout: float = 600) -> OfflineRun:
     """The one offline run of `run_id`, once its exit record is on disk: `run.finish()` returns
     before wandb-core has flushed the file to its end."""
     from tests.utils.polling import until
