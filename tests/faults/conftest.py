@@ -158,6 +158,10 @@ class PrivatePostgres:
         subprocess.run(["runuser", "-u", "postgres", "--", str(self.bin / tool), *args], check=True, timeout=120,
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
+    @property
+    def _options(self) -> str:
+        return f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+
     def _ctl(self, action: str, *args: str) -> None:
         self._pg("pg_ctl", "-D", str(self.data), "-w", "-l", str(self.root / "log"), action, *args)
 
@@ -166,12 +170,12 @@ class PrivatePostgres:
 
         shutil.chown(self.root, "postgres")
         self._pg("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres", "-E", "UTF8")
-        self._ctl("start", "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1")
+        self._ctl("start", "-o", self._options)
         return self
 
     def restart(self) -> None:
         """As `pg_ctlcluster ... restart` does: a fast shutdown (every connection cut), then a start."""
-        self._ctl("restart", "-m", "fast", "-o", f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1")
+        self._ctl("restart", "-m", "fast", "-o", self._options)
 
     def stop(self) -> None:
         self._ctl("stop", "-m", "immediate")
