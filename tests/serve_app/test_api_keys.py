@@ -71,7 +71,9 @@ def test_an_account_creates_lists_uses_and_revokes_its_own_keys(api):
 
 def test_an_expired_key_answers_401(api):
     _, key = api.create_account()
-    short = _http(api, key).post("/gridline/api_keys", json={"name": "short", "expires_in_seconds": 1}).json()
+    # Times are whole seconds (the key expires at its creation second plus 4), so the key works for
+    # 3 to 4 s: room for the first request on a loaded machine (a 1 s key once expired before it, in CI).
+    short = _http(api, key).post("/gridline/api_keys", json={"name": "short", "expires_in_seconds": 4}).json()
     client = api.client(short["value"])
     client.files.list()
     time.sleep(max(0.0, short["expires_at"] - time.time()) + 0.2)
