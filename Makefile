@@ -90,8 +90,8 @@ test-heavy: $(STAMP) $(MLFLOW_STAMP)
 
 # Everything every test target needs: what make test needs (the venv, the dashboard bundle), and
 # what only the later suites need (Promptfoo, the MLflow venv). .ci/run installs the second part
-# beside make test: those installs wait on the network and the disk, make test on the CPU, and they
-# share no file, so the two makes cannot race.
+# beside make test-cluster: those installs wait on the network and the disk, the cluster test on the
+# CPU, and they share no file, so the two makes cannot race.
 install: install-test install-suites
 install-test: $(STAMP) $(DASHBOARD)
 install-suites: $(PROMPTFOO) $(MLFLOW_STAMP)

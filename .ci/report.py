@@ -48,7 +48,7 @@ def main(folder: Path) -> None:
     print("== CI budget: each target's wall time (installs included) ==")
     for name, status, seconds, beside in rows:
         print(f"{name:<14} {fmt(seconds):>6}  {'ok' if status == 0 else f'FAILED (exit {status})'}"
-              + ("  (beside make test, not in the total)" if beside else ""))
+              + ("  (beside another target, not in the total)" if beside else ""))
     print(f"{'total':<14} {fmt(sum(s for _, _, s, beside in rows if not beside)):>6}")
     print(f"== the {SLOWEST} slowest tests (setup + call + teardown) ==")
     for seconds, target, name in tests(folder)[:SLOWEST]:
