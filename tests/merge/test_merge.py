@@ -198,6 +198,22 @@ def test_deadline_stops_the_merge(tmp_path, qwen7b, qwen7b_adapter, model_cache)
     assert list(open_object_store(*req.store_spec).list("exports/")) == []
 
 
+def test_a_stop_cancels_no_shard_task_that_ends_within_the_grace():
+    """`ray.cancel` on a task whose result is arriving aborts Ray 2.60's owner process (merge/run.py
+    `_cancel`): tasks that end by themselves are left to end, their results intact."""
+    import ray
+
+    from merge.run import _cancel
+
+    @ray.remote(num_cpus=0, max_retries=0)
+    def quick(i: int) -> int:
+        return i
+
+    refs = [quick.remote(i) for i in range(2)]
+    _cancel(refs)  # straight after submission, as a deadline that has passed does
+    assert ray.get(refs) == [0, 1]  # a cancelled one would raise TaskCancelledError
+
+
 def test_base_side_refusals(tmp_path, qwen7b, qwen7b_adapter, model_cache):
     base, standin = qwen7b
     # An adapted module the base does not have.
