@@ -9,8 +9,10 @@ APT_INSTALL := apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) 
 
 # Two pytest-xdist workers, each with its own Ray cluster, Serve and deployments, a test file at a time
 # (tests/conftest.py puts the longest files first): the suite waits on Ray, the database and
-# subprocesses about half the time, so the second worker fills the other core.
-XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+# subprocesses about half the time, so the second worker fills the other core. A worker that crashes
+# ends the run, its test named as failed: with restarts, xdist puts the crashed test's file back on a
+# fresh worker, which reruns the test, and one make test here then hung with both workers idle.
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0
 
 .PHONY: install install-test install-suites demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
 
@@ -43,7 +45,7 @@ test: $(STAMP) $(DASHBOARD)
 # processes, so a fault finds only its test's): the tests wait on leases, restarts and Ray Train's
 # start about a third of the time.
 test-faults: $(STAMP)
-	$(VENV)/bin/python -m pytest -q -m faults -n 2 --dist load tests/faults
+	$(VENV)/bin/python -m pytest -q -m faults -n 2 --dist load --max-worker-restart=0 tests/faults
 
 # The service on a real three-node Ray cluster (head + two worker nodes in mount namespaces of
 # their own; needs root for unshare and mount), compared with the same flow on one node, then a
