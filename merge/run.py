@@ -174,7 +174,7 @@ def _cancel(tasks: list) -> None:
     Only the tasks still running after a grace are cancelled: Ray 2.60 aborts the owner's whole
     process (this merge's driver: the job controller, or a test's pytest worker) when `ray.cancel`
     meets a task whose result is arriving at that moment (task_manager.cc, "Tried to complete task
-    that was not pending"; seen once in make test, where the stand-ins' shards take milliseconds).
+    that was not pending"; seen once in make test, where the stand-ins' shards are small).
     A shard that ends within the grace needs no cancel; one still queued or running after it is
     most likely far from its end, where the cancel has no result to race."""
     _, left = ray.wait(tasks, num_returns=len(tasks), timeout=CANCEL_GRACE_S)
