@@ -19,7 +19,6 @@ import asyncio
 import io
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -34,16 +33,11 @@ import httpx  # noqa: E402
 
 from openft.demo_data import ticket_splits, tickets_jsonl  # noqa: E402
 from openft.settings import Settings  # noqa: E402
+from tests.utils.ports import free_port  # noqa: E402
 
 READER_ACCOUNTS = 8
 UPLOAD = tickets_jsonl(ticket_splits()[0][:40])  # ~10 KB: the upload path, not the disk, is measured
 READS = ("list_files", "retrieve_job", "list_events")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _percentile(values: list[float], q: float) -> float:

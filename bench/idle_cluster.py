@@ -32,6 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from entrypoints.ray_runtime import LOCAL_RAY_ENV  # noqa: E402
+from tests.utils.ports import free_port  # noqa: E402
 
 # Ray 2.60's own values of the same settings.
 RAY_DEFAULTS = {"RAY_SERVE_CONTROL_LOOP_INTERVAL_S": "0.1", "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "1000",
@@ -54,14 +55,6 @@ def _cpu_by_title(marker: str) -> dict[int, tuple[str, float]]:
     return found
 
 
-def _port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def one_side(upkeep: dict[str, str], *, window: float, settle: float) -> tuple[float, Counter]:
     marker = f"OPENFT_BENCH_MARK=idle-{uuid.uuid4().hex[:8]}"
     with tempfile.TemporaryDirectory(prefix="oft-idle-") as tmp:
@@ -70,7 +63,7 @@ def one_side(upkeep: dict[str, str], *, window: float, settle: float) -> tuple[f
                    OPENFT_BENCH_MARK=marker.split("=", 1)[1])
         log = Path(tmp) / "serve.log"
         with open(log, "wb") as out:
-            process = subprocess.Popen([sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(_port())],
+            process = subprocess.Popen([sys.executable, "-m", "entrypoints.cli", "serve", "--port", str(free_port())],
                                        cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.time() + 300

@@ -177,7 +177,7 @@ def main() -> None:
     start_ray(ray_settings, dashboard=False)
     from ray import serve
 
-    from tests.conftest import free_port
+    from tests.utils.ports import free_port
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})

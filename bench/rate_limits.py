@@ -19,7 +19,6 @@ import argparse
 import asyncio
 import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import tempfile
@@ -33,16 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from openft.settings import Settings  # noqa: E402
 from serve_app.app import create_app  # noqa: E402  (imported once here; each server is a fork)
+from tests.utils.ports import free_port  # noqa: E402
 
 PG_ADMIN_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 UNTHROTTLED = {"rate_limit_requests_per_second": 1e9, "rate_limit_requests_burst": 10**9}
 OFF = {"rate_limit_requests_per_second": 0}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _serve(settings: Settings, port: int) -> None:
@@ -102,7 +96,7 @@ def bench_backend(database_url: str | None, data_dir: Path, clients: int, second
     ctx = multiprocessing.get_context("fork")
     for _ in range(rounds):
         for mode, limits in (("off", OFF), ("on", UNTHROTTLED)):
-            port = _free_port()
+            port = free_port()
             server = ctx.Process(target=_serve, args=(base_settings.model_copy(update=limits), port), daemon=True)
             server.start()
             base = f"http://127.0.0.1:{port}"

@@ -18,6 +18,7 @@ import pytest
 
 from entrypoints.ray_runtime import prepare_ray_environment
 from openft.settings import Settings
+from tests.utils.ports import free_port  # noqa: F401  (the suite's one home for ports)
 
 # Short and outside pytest's deep tmp paths: Ray keeps unix sockets under it. Prepared at import,
 # before any test module imports ray: Ray reads its auth mode once, at import.
@@ -44,12 +45,6 @@ SANDBOX_TEST_LIMITS = {"grader_python_wall_seconds": 20, "grader_python_cpu_seco
 # (webhooks/targets.py): the suite's deployments allow that one address and nothing else, so no
 # test can reach another. tests/webhooks/test_targets.py shows the default refusing it.
 LOOPBACK_RECEIVERS = {"webhook_allowed_networks": ["127.0.0.1/32"]}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def postgres_reachable() -> bool:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import socket
 import sys
 
 import pytest
@@ -29,6 +28,7 @@ from openft.demo_data import ticket_splits, tickets_jsonl
 from openft.settings import Settings
 from pipelines.tokenize import build_tokenized
 from tests.train.conftest import make_job
+from tests.utils.ports import free_port
 from tests.train.test_dpo import preference_jsonl
 from train.data import length_grouped_batches, split_holdout
 from train.dpo import train_dpo
@@ -211,9 +211,7 @@ def _on_two_ranks(job, log, train_rows, eval_rows) -> dict[int, tuple[str, dict]
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    with socket.socket() as free:
-        free.bind(("127.0.0.1", 0))
-        port = free.getsockname()[1]
+    port = free_port()
     ranks = [context.Process(target=_recipe_rank, args=(job.method_type, r, 2, port, job, log, train_rows, eval_rows,
                                                         results)) for r in range(2)]
     for process in ranks:

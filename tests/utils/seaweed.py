@@ -6,13 +6,11 @@ and one admin identity from an S3 config file. `start_seaweed` returns once the 
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import json
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import sysconfig
@@ -21,6 +19,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.utils.ports import free_port
 
 _PORT_FLAGS = (
     "master.port", "master.port.grpc", "volume.port", "volume.port.grpc", "filer.port",
@@ -98,7 +98,7 @@ def start_seaweed(workdir: Path, *, timeout_s: float = 30.0, secret_key: str | N
 
 def _launch(data_dir: Path, config: Path, access_key: str, secret_key: str) -> SeaweedServer:
     data_dir.mkdir(parents=True)
-    ports = dict(zip(_PORT_FLAGS, _free_ports(len(_PORT_FLAGS))))
+    ports = dict(zip(_PORT_FLAGS, [free_port() for _ in _PORT_FLAGS]))
     cmd = [
         weed_binary(), "mini",
         "-ip=127.0.0.1", "-ip.bind=127.0.0.1",
@@ -138,14 +138,6 @@ def _wait_ready(server: SeaweedServer, timeout_s: float) -> bool:
         server.startup_s = time.monotonic() - started
         return True
     return False
-
-
-def _free_ports(n: int) -> list[int]:
-    with contextlib.ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
 
 
 def _die_with_parent() -> None:
