@@ -173,19 +173,22 @@ def test_cancel_mid_run_stops_within_seconds_and_keeps_what_finished(account):
 
 
 def test_expiry_mid_run_keeps_what_finished(account, apis, training_api):
-    """A deployment with a 20 s completion window on the training deployment's database and store:
+    """A deployment with a 45 s completion window on the training deployment's database and store:
     its batches run on the same controller and expire mid-run."""
-    short = apis("batches-short-window", batch_completion_window_seconds=20,
+    window = 45  # from the batch's creation: its pickup and the engine's start count, which took
+    # over 20 s with make test-heavy's two workers keeping the machine busy (0 lines completed)
+    short = apis("batches-short-window", batch_completion_window_seconds=window,
                  database_url=training_api.settings.resolved_database_url(),
                  storage_url=training_api.settings.resolved_storage_url())
     _, key = short.create_account()
     client = short.client(key)
-    # Far past the 20 s window on any machine here: a quiet one generated 1,500 lines in under 20 s
-    # (the batch completed, and the test failed). Expiry stops it at 20 s whatever its size.
+    # Far past the window on any machine here: a quiet one generated 1,500 lines in under 20 s (a
+    # batch of that size completed in a 20 s window, and the test failed), so 8,000 need over 100 s.
+    # Expiry stops it at the window whatever its size.
     lines = _long_lines(8000, BASE)
     upload = client.files.create(file=("long.jsonl", io.BytesIO(jsonl(lines))), purpose="batch")
     batch = client.batches.create(input_file_id=upload.id, endpoint="/v1/chat/completions", completion_window="24h")
-    assert batch.expires_at == batch.created_at + 20
+    assert batch.expires_at == batch.created_at + window
     done = wait_batch(client, batch.id, timeout=300)
     assert done.status == "expired" and done.expired_at >= done.expires_at
     assert 0 < done.request_counts.completed < len(lines) and done.in_progress_at < done.expires_at
