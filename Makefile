@@ -60,12 +60,15 @@ $(PROMPTFOO): tests/e2e/promptfoo/package.json tests/e2e/promptfoo/package-lock.
 	cd tests/e2e/promptfoo && npm ci --no-audit --no-fund
 	touch $(PROMPTFOO)
 
-# People's tools against one running `openft serve` on a Ray cluster of its own: the web dashboard in
+# People's tools against a running `openft serve` on a Ray cluster of its own: the web dashboard in
 # Debian's headless Chromium (Playwright), the user CLI in a real terminal, the examples/ notebooks
 # in a Jupyter kernel, the Ray dashboard's state API and metrics, chat completions on four trained
-# fine-tunes through the SDK and through Promptfoo. Screenshots go to build/e2e/.
+# fine-tunes through the SDK and through Promptfoo. Screenshots go to build/e2e/. Two xdist workers,
+# each with its own service, a test at a time, the tests on the four fine-tunes all on one worker
+# (--dist loadgroup): one worker alone kept the machine 69 % busy, waiting on the browser, the
+# terminal and the service.
 test-e2e: $(STAMP) $(DASHBOARD) $(PROMPTFOO)
-	$(VENV)/bin/python -m pytest -q -m e2e tests/e2e
+	$(VENV)/bin/python -m pytest -q -m e2e -n 2 --dist loadgroup --max-worker-restart=0 tests/e2e
 
 # The fuzzers' large profile: more generated uploads, multipart bodies and request heads, the 64 MiB
 # file edges, schemathesis with more cases per operation, PostgreSQL and the admin routes (the default

@@ -2,10 +2,11 @@
 it, driven through the clients people use: the web dashboard in a real headless Chromium, the
 user CLI in a real terminal, notebooks in a real Jupyter kernel, the Ray dashboard's state API.
 
-One `openft serve` for the whole suite, on a one-node Ray cluster started here with `ray start
---head` (dashboard and metrics export on, so that operators' views can be read, and so that a
-notebook can join it with `ray.init(address=...)`), SQLite and local objects, stand-in bases.
-Tests share it, so each one works in accounts of its own and never counts what it did not make."""
+One `openft serve` for each of the suite's two xdist workers, on a one-node Ray cluster started
+here with `ray start --head` (dashboard and metrics export on, so that operators' views can be read,
+and so that a notebook can join it with `ray.init(address=...)`), SQLite and local objects, stand-in
+bases. A worker's tests share it, so each one works in accounts of its own and never counts what it
+did not make."""
 
 from __future__ import annotations
 
@@ -143,6 +144,17 @@ def rotated(label: str, k: int) -> str:
 class TicketModels:
     key: str
     names: dict[int, str]  # k -> the ft: model that answers rotated(label, k)
+
+
+# The tests that use `ticket_models` run on one xdist worker (make test-e2e's --dist loadgroup), so
+# that the four fine-tunes are trained once per run, not once per worker.
+ON_TICKET_MODELS = pytest.mark.xdist_group("ticket_models")
+
+
+def pytest_collection_modifyitems(items):
+    unmarked = [item.nodeid for item in items if "ticket_models" in getattr(item, "fixturenames", ())
+                and not any(m.args == ("ticket_models",) for m in item.iter_markers("xdist_group"))]
+    assert not unmarked, f"tests that use ticket_models without @ON_TICKET_MODELS: {unmarked}"
 
 
 @pytest.fixture(scope="session")

@@ -20,6 +20,7 @@ import httpx
 import pexpect
 import pytest
 
+from tests.e2e.conftest import ON_TICKET_MODELS
 from tests.factories import chat_row, jsonl
 
 pytestmark = pytest.mark.e2e
@@ -146,6 +147,7 @@ def test_upload_follow_download_resume_in_a_terminal(terminals, tmp_path, people
         assert f"{merged / f['path']}  sha256 {f['sha256']}  verified" in out
 
 
+@ON_TICKET_MODELS
 def test_openft_chat_streams_a_conversation_in_a_terminal(people_service, ticket_models, artifacts):
     """`openft chat MODEL` in a real terminal: each answer is the SDK's to the same conversation, a
     refused turn is said and dropped while the chat goes on, and an unknown model ends it with status 1."""

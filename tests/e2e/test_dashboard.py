@@ -1,5 +1,5 @@
 """The web dashboard (GET /dashboard/) in Debian's headless Chromium, driven by Playwright, against
-the suite's one `openft serve`: a wrong key is refused on the page, the right one signs in, a small
+the suite's `openft serve` (its xdist worker's): a wrong key is refused on the page, the right one signs in, a small
 stand-in job is followed to `succeeded` with its loss chart holding one point per reported step,
 the sections are reached by keyboard, an unreachable API is said, and another account's objects
 never appear; an eval's pages (the list, the eval with its runs, each run's page with its output
@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from openft.demo_data import ticket_splits, tickets_jsonl
+from tests.e2e.conftest import ON_TICKET_MODELS
 from tests.utils.polling import until
 
 pytestmark = pytest.mark.e2e
@@ -255,6 +256,7 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     page.close()
 
 
+@ON_TICKET_MODELS
 def test_the_playground_streams_a_fine_tune_beside_its_base(people_service, ticket_models, browser, artifacts):
     """Pick an ft: model and its base side by side, type a ticket, and read both answers as they
     come in; they are the SDK's answers to the same conversation, and a second turn carries the first."""

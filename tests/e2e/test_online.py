@@ -20,10 +20,10 @@ from catalog.bases import get_base
 from openft.demo_data import SYSTEM, ticket_splits
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from storage.keys import ADAPTER_FILES
-from tests.e2e.conftest import TICKET_BASE, metric_total, openft_metrics, rotated
+from tests.e2e.conftest import ON_TICKET_MODELS, TICKET_BASE, metric_total, openft_metrics, rotated
 from tests.utils.polling import until
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, ON_TICKET_MODELS]
 
 MAX_TOKENS = 5
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from openft.demo_data import SYSTEM, ticket_splits
-from tests.e2e.conftest import TICKET_BASE
+from tests.e2e.conftest import ON_TICKET_MODELS, TICKET_BASE
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, ON_TICKET_MODELS]
 
 PROMPTFOO = Path(__file__).resolve().parent / "promptfoo" / "node_modules" / ".bin" / "promptfoo"
 # The prompt as chat messages; `dump` writes the ticket as a JSON string.
