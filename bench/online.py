@@ -3,7 +3,8 @@ serving one request at a time, and against plain transformers `generate` with pe
 the qwen2.5-0.5b stand-in with 4 random adapters registered as ft: models of one account.
 
   (a) batched: `openft`'s API and one online replica of the base on Ray Serve (online_max_batch_rows
-      16), called through the official SDK with `stream=True`, as a user calls it;
+      16), called through the official SDK with `stream=True`, as a user calls it, streamed at the
+      service's pace (online_stream_interval_seconds, OPENFT_ONLINE_STREAM_INTERVAL_SECONDS);
   (b) one at a time: the same service with online_max_batch_rows 1 (the same engine, a request
       decodes alone, the others wait in its queue);
   (c) plain transformers: `model.generate` on a peft model holding the 4 adapters (`set_adapter`
@@ -203,6 +204,7 @@ def main() -> None:
     top = str(LEVELS[-1])
     result = {
         "base": BASE_ID, "adapters": ADAPTERS, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
+        "stream_interval_s": settings.online_stream_interval_seconds,
         **ways,
         "ratio_vs_one_at_a_time": round(ways["batched"][top]["requests_per_s"] / ways["one_at_a_time"][top]["requests_per_s"], 2),
         "ratio_vs_plain": round(ways["batched"][top]["requests_per_s"] / ways["plain_transformers"][top]["requests_per_s"], 2),

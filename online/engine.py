@@ -19,6 +19,12 @@ No Ray here: online/deployment.py holds one per Serve replica, and tests drive i
   next token). What a stop string could still cut (its length less one character) is held back;
   the last delta is the rest of the result's own text, so the deltas concatenate to exactly the
   text the batch engine returns for the same tokens.
+- Pacing: with `stream_interval` > 0 a row's first text goes out at once (time to first token) and
+  later text at most once per interval, what came meanwhile in one delta (the last one, with the
+  finish reason, never waits); tokens are detokenized only when a delta may go. Every delta crosses two Ray hops and an HTTP write before the
+  client, which cost more CPU than the decode step that made it: at 16 rows a delta per token
+  spent most of the machine on carrying tokens (bench/online.py). Ray Serve LLM paces its
+  streams the same way (`stream_batching_interval_ms`).
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import asyncio
 import itertools
 import logging
 import threading
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
@@ -60,6 +67,7 @@ class _Stream:
     sent: int = 0  # characters of `text` already sent
     prefix_offset: int = 0
     read_offset: int = 0
+    put_at: float | None = None  # when the last delta went out (monotonic)
 
     def put(self, item) -> None:
         try:
@@ -83,8 +91,8 @@ class AdapterHold:
 
 
 class OnlineEngine:
-    def __init__(self, engine: TransformersEngine):
-        self.engine = engine
+    def __init__(self, engine: TransformersEngine, *, stream_interval: float = 0.0):
+        self.engine, self.stream_interval = engine, stream_interval
         self.loads = self.evictions = self.unloads = 0
         self._keys = itertools.count()
         self._cond = threading.Condition()  # guards the inbox, ops, cancels and streams
@@ -270,16 +278,19 @@ class OnlineEngine:
         stream = self._streams.get(row.request.key)
         if stream is None:
             return
+        now = time.monotonic()
+        if stream.put_at is not None and now - stream.put_at < self.stream_interval:
+            return  # paced: this token is read with the next delta's (the method below takes several at once)
         tokens = row.tokens
         before = self.engine._text(tokens[stream.prefix_offset:stream.read_offset])
-        now = self.engine._text(tokens[stream.prefix_offset:])
-        if len(now) > len(before) and not now.endswith("\ufffd"):
-            stream.text += now[len(before):]
+        text = self.engine._text(tokens[stream.prefix_offset:])
+        if len(text) > len(before) and not text.endswith("\ufffd"):
+            stream.text += text[len(before):]
             stream.prefix_offset, stream.read_offset = stream.read_offset, len(tokens)
         safe = len(stream.text) - stream.holdback
         if safe > stream.sent:
             stream.put(Delta(stream.text[stream.sent:safe], None, len(row.request.prompt_ids), len(tokens)))
-            stream.sent = safe
+            stream.sent, stream.put_at = safe, now
 
     def _result(self, result: GenResult) -> None:
         with self._cond:

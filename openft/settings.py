@@ -321,6 +321,11 @@ class Settings(BaseSettings):
     online_max_batch_rows: int = Field(
         16, ge=1, description="Requests one replica decodes together on one KV cache (continuous batching).",
     )
+    online_stream_interval_seconds: float = Field(
+        0.05, ge=0, description="A streamed answer's text after its first piece goes out at most this often, what was "
+        "generated meanwhile in one chunk (each chunk costs the service CPU that decoding could use); 0 = a chunk per "
+        "token.",
+    )
     online_adapters_per_replica: int = Field(
         8, ge=1, description="Adapters one replica keeps loaded; past it the least recently used one is unloaded.",
     )

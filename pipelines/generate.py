@@ -8,8 +8,11 @@ engine here or the vLLM one (pipelines/_vllm_engine.py).
 
 The transformers engine (`TransformersEngine`) is our own decode loop, not `model.generate`:
 - the base is loaded once and every adapter of the batch is loaded onto it by name (peft
-  `load_adapter`); a decode step runs rows of different adapters together through peft's
-  mixed-adapter forward (`adapter_names=[...]`, one name per row, "__base__" for the base alone);
+  `load_adapter`); a decode step runs rows of different adapters together: with
+  `stack_adapters` (adapters that do not change while loaded: batches, online serving) as two
+  matrix products per LoRA layer over every resident adapter (pipelines/lora_stack.py), otherwise
+  through peft's mixed-adapter forward (`adapter_names=[...]`, one name per row, "__base__" for
+  the base alone);
 - rows are queued sorted by (adapter, prompt length) so a step mixes few adapters and similar
   lengths; up to `max_batch_rows` rows decode together on one KV cache (`DynamicCache`);
 - a row that finishes leaves the batch at once and a queued row takes its place: the newcomer is
@@ -34,8 +37,8 @@ from pathlib import Path
 import torch
 
 from catalog.bases import BaseModelSpec
-from openft.errors import InvalidRequest
 from pipelines.engine import Engine, GenRequest, GenResult, SamplingParams, end_of_turn_ids
+from pipelines.lora_stack import StackedLora
 from openft.errors import InvalidRequest
 from pipelines.render import render_generation_prompt
 
@@ -89,7 +92,7 @@ def load_engine(
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     tokenizer = load_tokenizer(base, source, Path(cache_root))
     model = load_model(base, source, Path(cache_root), dtype=dtype).to(device).eval()
-    engine = TransformersEngine(model, tokenizer, base, max_batch_rows=max_batch_rows)
+    engine = TransformersEngine(model, tokenizer, base, max_batch_rows=max_batch_rows, stack_adapters=True)
     for name, files in sorted(adapters.items()):
         engine.add_adapter(name, files)
     return engine
@@ -107,7 +110,8 @@ class _Row:
 class TransformersEngine:
     """The batched decode loop over `model` (a peft model with named adapters, or a plain model)."""
 
-    def __init__(self, model, tokenizer, base: BaseModelSpec, *, max_batch_rows: int = 16, aliases: dict[str, str] | None = None):
+    def __init__(self, model, tokenizer, base: BaseModelSpec, *, max_batch_rows: int = 16, aliases: dict[str, str] | None = None,
+                 stack_adapters: bool = False):
         self.model, self.tokenizer, self.base = model, tokenizer, base
         self.max_batch_rows = max(1, max_batch_rows)
         self.eot = set(end_of_turn_ids(tokenizer, base))
@@ -117,6 +121,7 @@ class TransformersEngine:
         self._step_adapters: list[str] | None = None
         self._hooked: set[int] = set()
         self._next_alias = len(self.aliases)
+        self._stack = StackedLora() if stack_adapters else None
         self._hook_lora_layers()
 
     @property
@@ -135,6 +140,8 @@ class TransformersEngine:
             if isinstance(module, LoraLayer) and id(module) not in self._hooked:
                 module.register_forward_pre_hook(self._inject_adapters, with_kwargs=True)
                 self._hooked.add(id(module))
+        if self._stack is not None:
+            self._stack.reset(self.model)
 
     def add_adapter(self, name: str, files: dict[str, bytes]) -> None:
         """Load a peft-format adapter (its files by name) onto the base under `name`. Not while a
@@ -163,6 +170,8 @@ class TransformersEngine:
     def remove_adapter(self, name: str) -> None:
         """Unload `name` (no row of it may be decoding); its LoRA weights are freed."""
         self.model.delete_adapter(self.aliases.pop(name))
+        if self._stack is not None:
+            self._stack.reset(self.model)
 
     def check(self, request: GenRequest) -> None:
         if request.adapter is not None and request.adapter not in self.aliases:
@@ -193,11 +202,17 @@ class TransformersEngine:
             return self.model(**kwargs)
         if not self.model.peft_config:  # every adapter was removed (online serving): the base alone
             return self.model.base_model.model(**kwargs)
-        self._step_adapters = [self.aliases[n] if n is not None else BASE_ADAPTER for n in adapters]
+        if self._stack is not None and self._stack.usable:
+            self._stack.set_rows([self.aliases[n] if n is not None else None for n in adapters], self.device)
+            self._stack.active = True
+        else:
+            self._step_adapters = [self.aliases[n] if n is not None else BASE_ADAPTER for n in adapters]
         try:
             return self.model(**kwargs)
         finally:
             self._step_adapters = None  # another engine may share the model
+            if self._stack is not None:
+                self._stack.active = False
 
     def _prefill(self, request: GenRequest):
         from transformers import DynamicCache

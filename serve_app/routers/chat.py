@@ -21,6 +21,7 @@ from storage.models import Account
 
 router = APIRouter(prefix="/chat", tags=["chat"])
 log = logging.getLogger("openft.api")
+_DONE = b"data: [DONE]\n\n"
 _SERVER_ERROR = {"message": "The server had an error while generating the answer.", "type": "server_error",
                  "param": None, "code": "server_error"}  # fmt: skip
 
@@ -40,16 +41,15 @@ async def create_chat_completion(request: Request, account: Account = Depends(cu
                              media_type="text/event-stream", headers={"cache-control": "no-cache"})
 
 
-async def _events(chunks: AsyncIterator[ChatCompletionChunk], stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+async def _events(groups: AsyncIterator[list[ChatCompletionChunk]], stack: contextlib.AsyncExitStack) -> AsyncIterator[bytes]:
+    """Each group of chunks as one write of server-sent events; [DONE] goes with the last group."""
     async with stack:
         try:
-            async for chunk in chunks:
-                yield b"data: " + chunk.model_dump_json().encode() + b"\n\n"
+            async for group in groups:
+                yield b"".join(b"data: " + chunk.model_dump_json().encode() + b"\n\n" for chunk in group) + (
+                    _DONE if any(c.choices and c.choices[0].finish_reason for c in group) else b"")
         except ServiceError as exc:
             yield b"data: " + orjson.dumps(exc.body()) + b"\n\n"
-            return
         except Exception as exc:  # the status is sent already: the SDK raises APIError on an error event
             log.error("chat completion stream failed: %s", type(exc).__name__)
             yield b"data: " + orjson.dumps({"error": _SERVER_ERROR}) + b"\n\n"
-            return
-        yield b"data: [DONE]\n\n"

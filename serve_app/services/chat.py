@@ -214,15 +214,21 @@ def _chunk(prepared: Prepared, delta: ChoiceDelta | None = None, finish_reason: 
                                choices=choices, usage=usage)
 
 
-async def stream_chunks(state: AppState, prepared: Prepared, usage: list[int]) -> AsyncIterator[ChatCompletionChunk]:
+async def stream_chunks(state: AppState, prepared: Prepared, usage: list[int]) -> AsyncIterator[list[ChatCompletionChunk]]:
     """The answer as OpenAI's chunks: the role (and empty content) first, then the text as it comes,
-    then the finish reason, then with `include_usage` a chunk of usage alone. `usage` as `answer`'s."""
-    yield _chunk(prepared, ChoiceDelta(role="assistant", content=""))
+    then the finish reason, then with `include_usage` a chunk of usage alone. `usage` as `answer`'s.
+    Yielded in the groups that go out together: the role with the first text, each later piece of
+    text alone, the finish reason with the last text and the usage. Each group is one write on every
+    hop to the client (the replica, the API, Serve's proxy), and a write costs more than its bytes."""
+    group = [_chunk(prepared, ChoiceDelta(role="assistant", content=""))]
     async for delta in deltas(state, prepared):
         usage[:] = [delta.prompt_tokens, delta.completion_tokens]
         if delta.text:
-            yield _chunk(prepared, ChoiceDelta(content=delta.text))
+            group.append(_chunk(prepared, ChoiceDelta(content=delta.text)))
         if delta.finish_reason is not None:
-            yield _chunk(prepared, ChoiceDelta(), finish_reason=delta.finish_reason)
-    if prepared.include_usage:
-        yield _chunk(prepared, usage=_usage(*usage))
+            group.append(_chunk(prepared, ChoiceDelta(), finish_reason=delta.finish_reason))
+            if prepared.include_usage:
+                group.append(_chunk(prepared, usage=_usage(*usage)))
+        if group:
+            yield group
+            group = []

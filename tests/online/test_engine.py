@@ -1,7 +1,8 @@
 """The online engine in-process on the qwen2.5 stand-in with random adapters, no Ray: concurrent
 streams decode together and each answer equals the batch engine's for the same request, the
 streamed pieces concatenate to it (stop strings included), a request joins a running batch,
-a closed stream leaves the batch, and adapters are loaded, held, evicted and unloaded by count."""
+a closed stream leaves the batch, adapters are loaded, held, evicted and unloaded by count, and a
+paced stream sends its first text at once and the rest in one piece within its interval."""
 
 from __future__ import annotations
 
@@ -162,3 +163,29 @@ def test_an_adapter_not_held_is_refused(setup):
             await collect(online, OnlineRequest(ids(batch, base, TICKETS[0]), 4), "ft-9")
 
     asyncio.run(run())
+
+
+def test_paced_streams_send_the_first_text_at_once_and_the_rest_in_fewer_pieces(setup, tmp_path_factory):
+    base, batch, _, adapters = setup
+    cache = tmp_path_factory.getbasetemp() / "model-cache"
+    paced = OnlineEngine(load_engine(base, model_source="standin", cache_root=str(cache), adapters={},
+                                     max_batch_rows=4), stream_interval=3600.0)  # fmt: skip
+    cases = [(a, OnlineRequest(ids(batch, base, TICKETS[i]), max_tokens=20, temperature=0))
+             for i, a in enumerate([None, "ft-1", "ft-2"])]  # fmt: skip
+
+    async def run():
+        holds = await hold_all(paced, adapters, ["ft-1", "ft-2"])
+        answers = await asyncio.gather(*(collect(paced, r, a) for a, r in cases))
+        del holds
+        return answers
+
+    try:
+        answers = asyncio.run(run())
+    finally:
+        paced.close()
+    for (adapter, request), deltas in zip(cases, answers):
+        want = batch.generate([GenRequest(0, adapter, request.prompt_ids, SamplingParams(request.max_tokens, 0.0))])[0]
+        assert same_or_tie(batch, request.prompt_ids, adapter, want, "".join(d.text for d in deltas)), adapter
+        # Within the interval: the first text as soon as it decodes, then the rest with the finish.
+        assert len(deltas) == 2 and deltas[0].completion_tokens < 5 and deltas[0].text, [d.completion_tokens for d in deltas]
+        assert deltas[-1].finish_reason is not None and deltas[-1].completion_tokens == want.completion_tokens
