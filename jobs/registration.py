@@ -34,6 +34,13 @@ from storage.models import Account, File, FineTunedModel, Job
 from storage.objects import ObjectStore
 
 RESULTS_COLUMNS = ("step", "train_loss", "train_accuracy", "valid_loss", "valid_mean_token_accuracy")
+# A reinforcement job's rows add its step figures (train/rft.py `metrics`: column -> the event's
+# key), then one `train_reward:<grader>` column per grader of a `multi` grader, then the
+# validation reward recorded on the checkpoint of that step (empty on steps without one).
+REWARD_COLUMNS = {"train_mean_reward": "reward_mean", "train_reward_std": "reward_std", "kl": "kl",
+                  "completion_length": "completion_length", "zero_variance_groups": "zero_variance_groups",
+                  "grader_failures": "grader_failures"}  # fmt: skip
+VALID_REWARD_COLUMN = "valid_mean_reward"
 # What a person can do about each reason a model is registered not servable (the parity check's
 # codes, train/parity.py; a download-only base has no code).
 NOT_SERVABLE_ADVICE = {
@@ -81,19 +88,38 @@ def check_adapter(store: ObjectStore, prefix: str, method_type: str) -> dict[str
 
 
 def results_csv(rows: list[dict]) -> bytes:
+    """The results file: RESULTS_COLUMNS, and a reinforcement job's reward columns when its rows have them."""
+    columns = list(RESULTS_COLUMNS)
+    for row in rows:
+        columns += [c for c in row if c not in columns]
+    if VALID_REWARD_COLUMN in columns:  # last, after the per-grader columns
+        columns.append(columns.pop(columns.index(VALID_REWARD_COLUMN)))
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(RESULTS_COLUMNS)
+    writer.writerow(columns)
     for row in rows:
-        writer.writerow(["" if row.get(c) is None else row.get(c) for c in RESULTS_COLUMNS])
+        writer.writerow(["" if row.get(c) is None else row.get(c) for c in columns])
     return out.getvalue().encode()
 
 
 def results_rows(session: Session, job_id: str) -> list[dict]:
     """The results CSV's rows: every metrics event with a step and a training loss, oldest first."""
-    events, _ = jobs_repo.list_events(session, job_id, limit=100_000, after=None)
-    return [{column: event.data.get(column) for column in RESULTS_COLUMNS} for event in reversed(events)
-            if event.type == "metrics" and event.data and "step" in event.data and "train_loss" in event.data]
+    newest_first, _ = jobs_repo.list_events(session, job_id, limit=100_000, after=None)
+    events = list(reversed(newest_first))
+    valid_rewards = {e.data["checkpoint"]["step"]: e.data["checkpoint"]["valid_reward"] for e in events
+                     if e.data and isinstance(e.data.get("checkpoint"), dict) and "valid_reward" in e.data["checkpoint"]}
+    rows = []
+    for event in events:
+        data = event.data
+        if event.type != "metrics" or not data or "step" not in data or "train_loss" not in data:
+            continue
+        row = {column: data.get(column) for column in RESULTS_COLUMNS}
+        if "reward_mean" in data:  # a reinforcement job's step
+            row.update({column: data.get(key) for column, key in REWARD_COLUMNS.items()})
+            row.update({f"train_reward:{name}": value for name, value in (data.get("grader_rewards") or {}).items()})
+            row[VALID_REWARD_COLUMN] = valid_rewards.get(data["step"])
+        rows.append(row)
+    return rows
 
 
 def register(session, store: ObjectStore, job: Job, *, method_type: str, adapter_prefix: str, now: int,

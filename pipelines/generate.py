@@ -9,10 +9,10 @@ engine here or the vLLM one (pipelines/_vllm_engine.py).
 The transformers engine (`TransformersEngine`) is our own decode loop, not `model.generate`:
 - the base is loaded once and every adapter of the batch is loaded onto it by name (peft
   `load_adapter`); a decode step runs rows of different adapters together: with
-  `stack_adapters` (adapters that do not change while loaded: batches, online serving) as two
-  matrix products per LoRA layer over every resident adapter (pipelines/lora_stack.py), otherwise
-  through peft's mixed-adapter forward (`adapter_names=[...]`, one name per row, "__base__" for
-  the base alone);
+  `stack_adapters` as two matrix products per LoRA layer over every resident adapter
+  (pipelines/lora_stack.py; who trains an adapter between generations calls
+  `adapter_weights_changed`), otherwise through peft's mixed-adapter forward
+  (`adapter_names=[...]`, one name per row, "__base__" for the base alone);
 - rows are queued sorted by (adapter, prompt length) so a step mixes few adapters and similar
   lengths; up to `max_batch_rows` rows decode together on one KV cache (`DynamicCache`);
 - a row that finishes leaves the batch at once and a queued row takes its place: the newcomer is
@@ -172,6 +172,11 @@ class TransformersEngine:
         self.model.delete_adapter(self.aliases.pop(name))
         if self._stack is not None:
             self._stack.reset(self.model)
+
+    def adapter_weights_changed(self) -> None:
+        """Adapter weights were changed in place (an optimizer step): the next forward reads them anew."""
+        if self._stack is not None:
+            self._stack.refresh()
 
     def check(self, request: GenRequest) -> None:
         if request.adapter is not None and request.adapter not in self.aliases:

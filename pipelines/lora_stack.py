@@ -16,9 +16,10 @@ stacks are a second copy of the resident adapters' weights (as large as the adap
 multiplies by every slot's block: on a 7B layer 8 adapters of rank 16 add about 7 % to the layer's
 products, against a loop of Python calls per adapter.
 
-Only for adapters that do not change while loaded (the batch and online engines; a reinforcement
-job trains its adapter between generations and keeps peft's path), eval mode, and layers peft's
-plain `lora.Linear` computes as above: no variant (DoRA and the like), no LoRA bias, no
+The stacks are copies: whoever changes an adapter's weights in place (a reinforcement job's
+optimizer step between generations) calls `refresh` before the next forward. Only without
+gradients (generation: a stacked copy would take no gradient) and for layers peft's plain
+`lora.Linear` computes as above: no variant (DoRA and the like), no LoRA bias, no dropout, no
 fan-in-fan-out weights. `supported` says whether a model's layers all are; otherwise the engine
 keeps peft's forward.
 """
@@ -55,6 +56,8 @@ class StackedLora:
                 continue
             if type(module) is not Linear or module.fan_in_fan_out or module.lora_variant:
                 return False
+            if not all(isinstance(d, torch.nn.Identity) for d in module.lora_dropout.values()):
+                return False
             if any(b.bias is not None for b in module.lora_B.values()):
                 return False
         return True
@@ -68,12 +71,16 @@ class StackedLora:
         self.slots = {name: i for i, name in enumerate(sorted(getattr(model, "peft_config", {})))}
         self.rank = max((a.weight.shape[0] for m in layers for a in m.lora_A.values()), default=0)
         self.dtype = next((a.weight.dtype for m in layers for a in m.lora_A.values()), torch.float32)
-        self._weights.clear()
+        self.refresh()
         self._mask_key = None
         for module in layers:
             if id(module) not in self._patched:
                 module.forward = functools.partial(_forward, module, module.forward, self)
                 self._patched.add(id(module))
+
+    def refresh(self) -> None:
+        """The adapters' weights changed in place: stack them again at the next forward."""
+        self._weights.clear()
 
     def set_rows(self, adapters: list[str | None], device: torch.device) -> None:
         """The mask for a forward whose rows run `adapters` (peft names; None for the base)."""
@@ -112,7 +119,7 @@ class StackedLora:
 
 
 def _forward(layer, peft_forward, stack: StackedLora, x: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-    if not stack.active or layer.training or x.dim() != 3:
+    if not stack.active or torch.is_grad_enabled() or x.dim() != 3:
         return peft_forward(x, *args, **kwargs)
     result = layer.base_layer(x, *args, **kwargs)
     if stack.mask is None:

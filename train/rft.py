@@ -32,8 +32,10 @@ Each choice:
 
 setup  -> base + adapter (train/lora.py; the parent's weights when there is one), the loop; the
           generation engine over the same in-memory model (pipelines/generate.py TransformersEngine,
-          the adapter being trained loaded as "policy": no copy, no weight sync, since the sampler
-          and the trainer are one model); the grader (graders/) and its runtime: python graders in
+          the adapter being trained loaded as "policy": no weight sync across processes, since the
+          sampler and the trainer are one model; its LoRA layers are stacked for generation,
+          pipelines/lora_stack.py, and restacked from the trained weights before every
+          generation); the grader (graders/) and its runtime: python graders in
           the sandbox, a process each, off the training process; model graders answered by this
           engine with the adapter off when they name the job's base, else by the batch engine in a
           Ray task per base, as evals answer them
@@ -55,6 +57,14 @@ eval   -> mean reward of `eval_samples` completions per validation prompt (the v
           (on the checkpoint saved then) and after the last: `gridline.result` eval_reward_before /
           eval_reward
 save   -> as SFT: adapter_model.safetensors + adapter_config.json under output_prefix
+
+Not vLLM, on GPUs either: the CUDA vLLM needs its own torch (2.14 against the trainer's pinned
+2.13), so it cannot sample inside this process; it would be a second process holding a second copy
+of the base on the GPU, with each step's adapter written out and hot-loaded (vLLM's
+`load_lora_adapter`). That is the batch engine's arrangement (pipelines/_vllm_engine.py, its own
+venv), and `pipelines/engine.py`'s contract is the seam; it is not built because no GPU has been
+lent to measure whether faster sampling pays for the second copy and the per-step reload against
+this in-process engine.
 
 Metrics per step: reward mean and std (and each grader's mean for multi), the KL to the reference
 (mean per completion token), mean completion length, the fraction of groups with zero reward
@@ -123,7 +133,7 @@ class RFTSteps:
         self.eval_items = [orjson.loads(r["item"]) for r in eval_rows]
         self.tokenizer = load_tokenizer(self.base, parse_model_source(job.model_source), Path(job.cache_root))
         self.engine = TransformersEngine(model, self.tokenizer, self.base, max_batch_rows=64,
-                                         aliases={POLICY: model.active_adapter})
+                                         aliases={POLICY: model.active_adapter}, stack_adapters=True)
         self.grader = validate(self.cfg.grader, "grader")
         self.runtime = Runtime(model_call=self._model_call, sandbox=self.cfg.sandbox)
         self.grader_names = tuple(self.grader.graders) if isinstance(self.grader, MultiGrader) else ()
@@ -234,6 +244,7 @@ class RFTSteps:
             for j in range(k):
                 params = SamplingParams(max_tokens=max(room, 1), temperature=self.cfg.temperature, seed=seed(row, j))
                 requests.append(GenRequest(i * k + j, POLICY, tuple(row["prompt_ids"]), params))
+        self.engine.adapter_weights_changed()  # trained since the last generation (or a checkpoint loaded)
         return self.engine.generate(requests)
 
     @contextlib.contextmanager

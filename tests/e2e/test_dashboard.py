@@ -3,7 +3,9 @@ the suite's `openft serve` (its xdist worker's): a wrong key is refused on the p
 stand-in job is followed to `succeeded` with its loss chart holding one point per reported step,
 the sections are reached by keyboard, an unreachable API is said, and another account's objects
 never appear; an eval's pages (the list, the eval with its runs, each run's page with its output
-items a page at a time, two runs compared) show what the API answers. Every section of every page
+items a page at a time, two runs compared) show what the API answers; a reinforcement job (a `multi`
+grader's) is followed to `succeeded`, its reward chart and table holding its steps' rewards and its
+validation rewards. Every section of every page
 is read as a person reads it (its visible text) against the API's values, so a page that renders
 nonsense ("[object HTMLElement]") fails; a screenshot of each page goes to build/e2e/."""
 
@@ -18,7 +20,7 @@ import httpx
 
 import pytest
 
-from openft.demo_data import ticket_splits, tickets_jsonl
+from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
 from tests.e2e.conftest import ON_TICKET_MODELS
 from tests.utils.polling import until
 
@@ -253,6 +255,74 @@ def test_dashboard_follows_a_job_by_keyboard_and_shows_one_account_only(people_s
     assert not_found and all(theirs.id in u for u in not_found), not_found
     problems = [p for p in problems if "404" not in p]
     assert page.get_by_text(theirs.id).count() == 0 and problems == []
+    page.close()
+
+
+def rft_prompts(pairs) -> io.BytesIO:
+    """Reinforcement rows: the prompt's messages, and the label the grader reads as {{item.label}}."""
+    return io.BytesIO(b"".join(json.dumps({"messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}],
+                                           "label": label}).encode() + b"\n" for t, label in pairs))
+
+
+# Two graders in one (issue 26: a `multi` job completes): the exact label, and how close the answer is to it.
+MULTI = {"type": "multi", "name": "label", "calculate_output": "0.5 * exact + 0.5 * close", "graders": {
+    "exact": {"type": "string_check", "name": "exact", "input": "{{sample.output_text}}", "reference": "{{item.label}}",
+              "operation": "eq"},
+    "close": {"type": "text_similarity", "name": "close", "input": "{{sample.output_text}}", "reference": "{{item.label}}",
+              "evaluation_metric": "fuzzy_match", "pass_threshold": 0.5}}}
+
+
+def test_dashboard_draws_a_reinforcement_jobs_reward_curves(people_service, browser, artifacts):
+    rows, held = ticket_splits()
+    client = people_service.client(key := people_service.new_key())
+    train = client.files.create(file=("prompts.jsonl", rft_prompts(rows[:8])), purpose="fine-tune")
+    valid = client.files.create(file=("held.jsonl", rft_prompts(held[:4])), purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model="qwen2.5-0.5b-instruct", training_file=train.id, validation_file=valid.id,
+                                         seed=0, method={"type": "reinforcement", "reinforcement": {
+        "grader": MULTI,
+        "hyperparameters": {"batch_size": 4, "n_epochs": 1, "compute_multiplier": 0.25, "eval_interval": 1,
+                            "eval_samples": 1, "max_completion_tokens": 4}}})  # fmt: skip
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    problems = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    sign_in(page, people_service.base_url.removesuffix("/v1") + "/dashboard", key)
+    page.get_by_role("link", name=job.id).click()
+    page.locator('h1 [data-status="succeeded"]').wait_for(timeout=300_000)
+
+    # The chart against the API: a train point per step's mean reward; the validation reward before
+    # training, on each checkpoint that has one, and after (the last step's, once).
+    done = client.fine_tuning.jobs.retrieve(job.id)
+    result = done.model_extra["gridline"]["result"]
+    steps = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100)
+             if e.type == "metrics" and "reward_mean" in (e.data or {})]
+    rewards = {m["step"]: m["reward_mean"] for m in steps}
+    # The multi grader's job: each step's reward per grader, and the combined one by its formula; none failed.
+    assert all(set(m["grader_rewards"]) == {"exact", "close"} and m["grader_failures"] == 0 for m in steps)
+    assert all(m["reward_mean"] == pytest.approx(0.5 * m["grader_rewards"]["exact"] + 0.5 * m["grader_rewards"]["close"])
+               for m in steps)
+    checkpoints = list(client.fine_tuning.jobs.checkpoints.list(job.id))  # newest first
+    evals = {0: result["eval_reward_before"]}
+    evals.update({c.step_number: c.metrics.model_extra["valid_mean_reward"] for c in reversed(checkpoints)
+                  if c.metrics.model_extra.get("valid_mean_reward") is not None})
+    evals[result["steps"]] = result["eval_reward"]
+    assert len(rewards) == result["steps"] == 2 and len(evals) == 3  # steps 1 and 2, each evaluated (eval_interval 1)
+    chart = page.locator("#reward-chart")
+    page.wait_for_function("n => document.querySelector('#reward-chart').dataset.trainPoints === String(n)", arg=len(rewards))
+    assert chart.get_attribute("data-eval-points") == str(len(evals))
+    table = []  # (series, step, value) as the table beside the chart writes them (4 decimals)
+    for row in page.locator("#reward-table tbody tr").all():
+        series, step, value = row.get_by_role("cell").all_inner_texts()
+        assert series == row.get_attribute("data-series")
+        table.append((series, int(step), pytest.approx(float(value), abs=1e-4)))
+    assert table == [("train", step, v) for step, v in sorted(rewards.items())] + \
+        [("eval", step, v) for step, v in sorted(evals.items())]
+    # The checkpoints' validation reward column (written with toLocaleString: at most 3 decimals).
+    cell = page.locator("section[aria-labelledby=h-checkpoints] tbody tr").first.get_by_role("cell").nth(3).inner_text()
+    assert float(cell) == pytest.approx(checkpoints[0].metrics.model_extra["valid_mean_reward"], abs=1e-3)
+    assert_sane(page)
+    page.locator("section[aria-labelledby=h-reward]").screenshot(path=str(artifacts / "dashboard-reward-chart.png"))
+    assert problems == []
     page.close()
 
 

@@ -1,6 +1,7 @@
 """Registration says where the user looks when a model is not servable: a warning event in the
 job's log, written in register()'s transaction, with advice matching the cause; and the job keeps
-fine_tuned_model null while gridline.fine_tuned_adapter names the downloadable adapter."""
+fine_tuned_model null while gridline.fine_tuned_adapter names the downloadable adapter. The
+results CSV of a reinforcement job carries its reward figures by step."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from sqlalchemy import select
 
 from openft.settings import Settings
 from storage.db import Database
+from storage.jobs import add_event
 from storage.models import Job, JobEvent
 from storage.objects import open_object_store
 from tests.factories import db_account, db_create_job, db_training_file
-from jobs.registration import NOT_SERVABLE_ADVICE, register
+from jobs.registration import NOT_SERVABLE_ADVICE, RESULTS_COLUMNS, register, results_csv, results_rows
 from train.parity import decide
 
 
@@ -64,3 +66,30 @@ def test_a_check_that_could_not_run_says_run_again(env):
 
     model, _, events = _register(*env, parity_error("TimeoutError", 900.0))
     assert model is None and NOT_SERVABLE_ADVICE["parity_check_error"] in events[-1][1]
+
+
+def test_a_reinforcement_jobs_results_have_its_reward_columns(env):
+    db, _, _ = env
+    account = db_account(db)
+    rft_job, sft_job = (db_create_job(db, account, db_training_file(db, account)) for _ in range(2))
+    now = int(time.time())
+    with db.session() as session:
+        for step, (mean, graders) in enumerate([(0.25, {"label": 0.5, "len": 0.0}), (0.75, {"label": 1.0, "len": 0.5})], 1):
+            add_event(session, rft_job, now, "metrics", type="metrics", data={
+                "step": step, "total_steps": 2, "train_loss": -0.1 * step, "reward_mean": mean, "reward_std": 0.4,
+                "kl": 0.01 * step, "completion_length": 5.0, "zero_variance_groups": 0.5, "grader_failures": 0,
+                "grader_rewards": graders})  # fmt: skip
+            if step == 2:  # the validation reward is recorded on the checkpoint of its step
+                add_event(session, rft_job, now, "Checkpoint saved at step 2.",
+                          data={"checkpoint": {"step": 2, "epoch": 0, "train_loss": -0.15, "valid_reward": 0.8}})
+        add_event(session, sft_job, now, "metrics", type="metrics", data={"step": 1, "train_loss": 2.5, "train_accuracy": 0.1})
+    with db.session() as session:
+        rft_csv = results_csv(results_rows(session, rft_job)).decode().splitlines()
+        sft_csv = results_csv(results_rows(session, sft_job)).decode().splitlines()
+    assert rft_csv == [
+        "step,train_loss,train_accuracy,valid_loss,valid_mean_token_accuracy,train_mean_reward,train_reward_std,kl,"
+        "completion_length,zero_variance_groups,grader_failures,train_reward:label,train_reward:len,valid_mean_reward",
+        "1,-0.1,,,,0.25,0.4,0.01,5.0,0.5,0,0.5,0.0,",
+        "2,-0.2,,,,0.75,0.4,0.02,5.0,0.5,0,1.0,0.5,0.8",
+    ]
+    assert sft_csv == [",".join(RESULTS_COLUMNS), "1,2.5,0.1,,"]

@@ -1,10 +1,12 @@
 """Chains of jobs through the official SDK with the real job controller (issue 26): a job that
 continues from an ft: model starts from its weights; SFT then reinforcement fine-tuning on the
-ticket task raises the validation reward, and the child answers the held-out tickets better than
-its parent in an eval run (make test-heavy)."""
+ticket task raises the validation reward, the child answers the held-out tickets better than its
+parent in an eval run and in the batch API, and its results file has the reward by step (make
+test-heavy)."""
 
 from __future__ import annotations
 
+import csv
 import io
 import math
 
@@ -12,6 +14,8 @@ import orjson
 import pytest
 
 from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
+from tests.factories import batch_request_line
+from tests.serve_app.test_batches_e2e import file_lines, run_batch_file
 from tests.serve_app.test_eval_runs_api import wait_run
 from tests.serve_app.test_training_api import wait
 
@@ -121,6 +125,25 @@ def test_sft_then_rft_raises_the_validation_reward(chain_account):
     # 80 % of the held-out rows) is not reached yet through the service on this stand-in; the same
     # settings in one process (train_sft then train_rft) went from 25/40 to 34/40.
     assert child_right > parent_right and child_right >= 0.65 * total
+
+    # The same model in the batch API, greedy on the held-out tickets: as right as in the eval run.
+    batch = run_batch_file(client, [batch_request_line(f"t{i}", [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}],
+                                                       model=rft.fine_tuned_model, max_tokens=4, temperature=0, seed=0)
+                                    for i, (t, _) in enumerate(held)])  # fmt: skip
+    assert (batch.status, batch.request_counts.completed) == ("completed", total), batch
+    answers = {line["custom_id"]: line["response"]["body"]["choices"][0]["message"]["content"]
+               for line in file_lines(client, batch.output_file_id)}
+    batch_right = sum(answers[f"t{i}"] == label for i, (_, label) in enumerate(held))
+    print(f"held-out greedy accuracy in the batch API: {batch_right}/{total}")
+    assert batch_right > parent_right and batch_right >= 0.65 * total
+
+    # Its results file: a row per step with the reward figures, the validation reward on the step evaluated.
+    table = list(csv.DictReader(io.StringIO(client.files.content(rft.result_files[0]).content.decode())))
+    by_step = sorted(steps, key=lambda m: m["step"])  # the events are listed newest first
+    assert [int(r["step"]) for r in table] == [m["step"] for m in by_step]
+    assert all(float(r["train_mean_reward"]) == pytest.approx(m["reward_mean"]) for r, m in zip(table, by_step))
+    evaluated = {int(r["step"]): float(r["valid_mean_reward"]) for r in table if r["valid_mean_reward"]}
+    assert sorted(evaluated) == [9, 18, 27, 36] and evaluated[36] == pytest.approx(rewards[1])  # every eval_interval
 
 
 @pytest.mark.heavy  # a reinforcement job through the service: minutes on two cores (make test-heavy)
