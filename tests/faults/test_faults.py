@@ -7,7 +7,8 @@ one has its code and no model.
   it resumes from its checkpoint.
 - `ray.kill` of the controller actor mid-run: Ray restarts it, and it takes the job over.
 - SIGKILL of the Ray Train worker mid-step: Ray Train restarts it from its checkpoint; killed
-  twice, the job fails `platform_interrupted`.
+  twice, the job fails `platform_interrupted`. A reinforcement job's killed worker resumes to the
+  same adapter bytes as the same job run without a fault.
 - SIGSTOP of the Train worker (a hung step): the stall watchdog stops the run, `training_failed`.
 - PostgreSQL restarted mid-job: the run and the controller ride through.
 - The S3 server stopped mid-run and started again: the job resumes or fails with a code; it never
@@ -18,6 +19,7 @@ one has its code and no model.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import signal
 import subprocess
@@ -41,8 +43,9 @@ from storage.objects import open_object_store
 from tests.conftest import Api, free_port
 from tests.faults.conftest import assert_cluster_at_rest, kill, processes_matching, train_worker_pid
 from tests.serve_app.test_training_api import events, wait
-from tests.serve_app.test_training_control import event_matching, first_metrics, in_db, model_rows, new_client, \
+from tests.serve_app.test_training_control import MODEL, event_matching, first_metrics, in_db, model_rows, new_client, \
     start_job
+from tests.train.test_rft import prompts_jsonl
 from tests.utils.polling import until
 
 pytestmark = [pytest.mark.faults, pytest.mark.usefixtures("ray_cluster")]
@@ -184,6 +187,43 @@ def test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint(servic
     _, said = assert_succeeded_once(api, client, job, attempts=1)  # Ray Train's own retry, same attempt
     assert "Worker lost, retrying from checkpoint." in said
     assert any(m.startswith("Resumed from the checkpoint at step ") for m in said)
+
+
+def start_rft_job(client):
+    """A reinforcement job long enough (two epochs of 19 steps, 8 samples a prompt) that a kill after
+    its first checkpoint (step 4, eval_interval) lands mid-run."""
+    prompts = client.files.create(file=("p.jsonl", io.BytesIO(prompts_jsonl(ROWS[:40]))), purpose="fine-tune")
+    grader = {"type": "string_check", "name": "answer", "input": "{{sample.output_text}}", "reference": "{{item.answer}}",
+              "operation": "eq"}
+    return client.fine_tuning.jobs.create(model=MODEL, training_file=prompts.id, seed=0, method={
+        "type": "reinforcement", "reinforcement": {"grader": grader, "hyperparameters": {
+            "batch_size": 2, "n_epochs": 2, "compute_multiplier": 1.0, "eval_interval": 4, "eval_samples": 1,
+            "max_completion_tokens": 16, "temperature": 1.0}}})  # fmt: skip
+
+
+def test_sigkill_of_the_train_worker_mid_rft_resumes_to_the_uninterrupted_runs_adapter(service):
+    """Issue 26: a reinforcement run whose Train worker is killed resumes from its checkpoint (its
+    adapter, optimizer, progress and RNG state; sampling seeded per job, epoch, line and sample) and
+    ends with the same adapter bytes and rewards as the same job run without a fault."""
+    api, _ = service("rftkill")
+    client = new_client(api)
+    whole = wait(client, start_rft_job(client).id, timeout=600)
+    assert whole.status == "succeeded", whole.error
+    job = start_rft_job(client)
+    event_matching(client, job.id, r"Checkpoint saved at step 4\.", timeout=300)
+    kill(train_worker_pid())
+    done = wait(client, job.id, timeout=600)
+    assert done.status == "succeeded", done.error
+    said = messages(client, job.id)
+    assert "Worker lost, retrying from checkpoint." in said
+    resumed = [int(m.rsplit(" ", 1)[1].rstrip(".")) for m in said if m.startswith("Resumed from the checkpoint at step ")]
+    assert resumed and 4 <= resumed[0] < done.model_extra["gridline"]["result"]["steps"]  # mid-run, not after the end
+    first, second = (done_job.model_extra["gridline"]["result"] for done_job in (whole, done))
+    assert {k: second[k] for k in ("steps", "eval_reward_before", "eval_reward")} == \
+        {k: first[k] for k in ("steps", "eval_reward_before", "eval_reward")}
+    files = {j.id: in_db(api, lambda s, j=j: s.scalars(select(FineTunedModel.files).where(FineTunedModel.job_id == j.id)).one())
+             for j in (whole, done)}
+    assert files[done.id]["adapter_model.safetensors"]["sha256"] == files[whole.id]["adapter_model.safetensors"]["sha256"]
 
 
 def test_a_train_worker_lost_twice_fails_platform_interrupted(service):
