@@ -1,5 +1,6 @@
 """Chains of jobs through the official SDK with the real job controller (issue 26): a job that
-continues from an ft: model starts from its weights; SFT then reinforcement fine-tuning on the
+continues from an ft: model starts from its weights; SFT, DPO and RFT run as three jobs, each on
+the one before; SFT then reinforcement fine-tuning on the
 ticket task raises the validation reward, the child answers the held-out tickets better than its
 parent in an eval run and in the batch API, and its results file has the reward by step (make
 test-heavy)."""
@@ -14,7 +15,7 @@ import orjson
 import pytest
 
 from openft.demo_data import SYSTEM, ticket_splits, tickets_jsonl
-from tests.factories import batch_request_line
+from tests.factories import batch_request_line, preference_row
 from tests.serve_app.test_batches_e2e import file_lines, run_batch_file
 from tests.serve_app.test_eval_runs_api import wait_run
 from tests.serve_app.test_training_api import wait
@@ -50,6 +51,48 @@ def test_an_sft_job_on_an_sft_model_starts_from_its_weights(chain_account):
     assert after["eval_loss_before"] == pytest.approx(before["eval_loss"], rel=1e-5)
     assert not math.isclose(after["eval_loss_before"], before["eval_loss_before"], rel_tol=1e-3)
     assert child.fine_tuned_model != parent.fine_tuned_model
+
+
+@pytest.mark.heavy  # three small training runs through the controller: make test-heavy
+def test_sft_then_dpo_then_rft_as_three_jobs(chain_account):
+    """The usual chain as three SDK calls, each job continuing from the one before: SFT on the
+    tickets; DPO on it (the right label preferred to a wrong one), whose reference is its parent, so
+    its first forward is the parent's (eval loss ln 2 before training); RFT on the DPO model, whose
+    validation reward before training comes from that model's answers: the base (adapter off) gets
+    no label right on these tickets, the chain's model does."""
+    client = chain_account
+    rows, held = ticket_splits()
+    labels = sorted({label for _, label in rows})
+    sft_file = client.files.create(file=("t.jsonl", io.BytesIO(tickets_jsonl(rows[:160]))), purpose="fine-tune")
+    sft = wait(client, client.fine_tuning.jobs.create(model=BASE, training_file=sft_file.id, seed=1, method={
+        "type": "supervised", "supervised": {"hyperparameters": {
+            "n_epochs": 2, "batch_size": 4, "learning_rate": 3e-3, "lora_rank": 8, "lora_alpha": 16}}}).id, timeout=900)
+    assert sft.status == "succeeded", sft.error
+
+    # Preferences: the ticket's label over the next label in the list (a wrong one).
+    prefs = [preference_row(t, label, labels[(labels.index(label) + 1) % len(labels)], system=SYSTEM) for t, label in rows[:60]]
+    dpo_file = client.files.create(file=("p.jsonl", io.BytesIO(b"".join(orjson.dumps(r) + b"\n" for r in prefs))),
+                                   purpose="fine-tune")
+    dpo = client.fine_tuning.jobs.create(model=sft.fine_tuned_model, training_file=dpo_file.id, seed=1, method={
+        "type": "dpo", "dpo": {"hyperparameters": {"beta": 0.1, "n_epochs": 1, "batch_size": 4, "learning_rate": 1e-3}}})
+    assert dpo.model_extra["gridline"]["parent"]["fine_tuning_job_id"] == sft.id
+    dpo = wait(client, dpo.id, timeout=900)
+    assert dpo.status == "succeeded", dpo.error
+    assert dpo.model_extra["gridline"]["result"]["eval_loss_before"] == pytest.approx(math.log(2), abs=1e-3)
+
+    prompts = client.files.create(file=("r.jsonl", io.BytesIO(prompts_jsonl(rows[:16]))), purpose="fine-tune")
+    held_prompts = client.files.create(file=("h.jsonl", io.BytesIO(prompts_jsonl(held[:20]))), purpose="fine-tune")
+    rft = client.fine_tuning.jobs.create(model=dpo.fine_tuned_model, training_file=prompts.id, validation_file=held_prompts.id,
+                                         seed=1, method={"type": "reinforcement", "reinforcement": {"grader": EXACT,
+                                         "hyperparameters": {"batch_size": 8, "n_epochs": 1, "compute_multiplier": 0.5,
+                                                             "eval_samples": 1, "temperature": 0.2, "max_completion_tokens": 4}}})  # fmt: skip
+    parent = rft.model_extra["gridline"]["parent"]
+    assert (parent["model"], parent["fine_tuning_job_id"]) == (dpo.fine_tuned_model, dpo.id)
+    rft = wait(client, rft.id, timeout=900)
+    assert rft.status == "succeeded", rft.error
+    result = rft.model_extra["gridline"]["result"]
+    print(f"SFT -> DPO -> RFT: validation reward before {result['eval_reward_before']:.3f}, after {result['eval_reward']:.3f}")
+    assert result["eval_reward_before"] > 0 and rft.fine_tuned_model not in (sft.fine_tuned_model, dpo.fine_tuned_model)
 
 
 # -- SFT, then reinforcement fine-tuning on its model (issue 26's first "Done when") ----------------
