@@ -52,9 +52,22 @@ class WandbTracker:
         self.run.summary.update({k: v for k, v in outcome.summary().items() if v is not None})
         self.run.finish(exit_code=0 if outcome.status == "succeeded" else 1)
         self.run = None
+        _flush()
 
     def close(self) -> None:
         """Stop a run whose forwarder gives up on it (a later call failed)."""
         if self.run is not None:
             run, self.run = self.run, None
             run.finish(exit_code=1)
+            _flush()
+
+
+def _flush() -> None:
+    """Wait for wandb-core to write the run to its end. `run.finish()` returns before it has (an
+    offline run's exit record came seconds later on a busy machine), and the forwarder's actor exits
+    right after (`ray.actor.exit_actor`, where wandb's own atexit teardown does not run): without
+    this a loaded machine lost the run's last records. The forwarder's process serves one job, so
+    shutting its wandb service down takes nothing from another run."""
+    import wandb
+
+    wandb.teardown()
