@@ -1,8 +1,9 @@
 """Rows of several adapters in one forward as two matrix products per LoRA layer.
 
 peft's mixed-adapter forward (`adapter_names=[...]`) loops over the step's adapters in every LoRA
-layer: an index, two small products, a scale and an indexed add per adapter. On the stand-ins that
-loop was close to half a decode step's time with four adapters in the batch (bench/online.py).
+layer: an index, two small products, a scale and an indexed add per adapter. On the stand-ins, with
+16 rows over four adapters, that loop was close to half a decode step's time (the engine alone
+answered 76 requests a second against 139 on the base alone).
 Here each layer's resident adapters are stacked once: A as one (slots x rank, in) matrix, B scaled
 by the adapter's scaling as one (out, slots x rank) matrix, each adapter in its own block of
 `rank` columns (zero-padded to the largest rank; an adapter that does not target the layer is a
@@ -104,10 +105,9 @@ class StackedLora:
         return found
 
     def _stack(self, layer) -> tuple[torch.Tensor, torch.Tensor]:
-        base = layer.get_base_layer().weight
-        dtype = next(iter(layer.lora_A.values())).weight.dtype if layer.lora_A else base.dtype
-        a = torch.zeros((len(self.slots), self.rank, layer.in_features), dtype=dtype, device=base.device)
-        b = torch.zeros((layer.out_features, len(self.slots), self.rank), dtype=dtype, device=base.device)
+        device = layer.get_base_layer().weight.device
+        a = torch.zeros((len(self.slots), self.rank, layer.in_features), dtype=self.dtype, device=device)
+        b = torch.zeros((layer.out_features, len(self.slots), self.rank), dtype=self.dtype, device=device)
         with torch.no_grad():
             for name, slot in self.slots.items():
                 if name not in layer.lora_A:
@@ -125,6 +125,5 @@ def _forward(layer, peft_forward, stack: StackedLora, x: torch.Tensor, *args, **
     if stack.mask is None:
         return result
     a, b = stack.weights(layer)
-    h = F.linear(x.to(a.dtype), a)
-    lora = F.linear(h * stack.mask.to(h.dtype), b)
+    lora = F.linear(F.linear(x.to(stack.dtype), a) * stack.mask, b)  # the stacks and the mask share the adapters' dtype
     return result + lora.to(result.dtype)
