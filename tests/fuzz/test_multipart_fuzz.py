@@ -62,10 +62,12 @@ def uploads(draw) -> tuple[dict, bytes, bool]:
         body += dash + b"--\r\n"
     cut = draw(st.one_of(st.none(), st.integers(0, max(len(body) - 1, 0))))
     if cut is not None:
-        body, closed = body[:cut], False
+        # RFC 2046 5.1.1: the CRLF after the close delimiter is optional (`--b--` ends a body), so
+        # a cut inside that CRLF leaves the body closed; a cut anywhere before it does not.
+        body, closed = body[:cut], closed and cut >= len(body) - 2
     if draw(st.integers(0, 9)) == 0:
         body, closed = draw(st.binary(max_size=200)) + MARKER.encode(), False
-    return {"content-type": ctype.encode()}, body, closed and body.endswith(dash + b"--\r\n")
+    return {"content-type": ctype.encode()}, body, closed and body.rstrip(b"\r\n").endswith(dash + b"--")
 
 
 def _fuzz(http: httpx.Client, state: AppState, account_id: str, examples: int, derandomize: bool) -> Counter:

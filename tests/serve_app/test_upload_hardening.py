@@ -136,8 +136,19 @@ def test_body_without_closing_boundary_is_refused(api, account):
     _, _, key = account
     for body in (form(PURPOSE, FILE, end=False),  # ends at a newline
                  form(PURPOSE, FILE, end=False) + f"--{B}".encode(),  # the closing boundary's dashes missing
+                 form(PURPOSE, FILE, end=False) + f"--{B}-".encode(),  # one dash short of the close delimiter
                  form(PURPOSE, FILE, end=False) + f"--{B}\r\n".encode()):  # a part opened, never sent
         assert_refused(post(api, key, body), 400, "incomplete_upload", "file")
+    assert_nothing_stored(api, account)
+
+
+def test_close_delimiter_without_its_trailing_crlf_is_a_whole_body(api, account):
+    """RFC 2046 5.1.1: the CRLF after `--boundary--` is optional (the fuzz suite's oracle had it required)."""
+    client, _, key = account
+    for tail in (b"", b"\r"):
+        r = post(api, key, form(PURPOSE, FILE, end=False) + f"--{B}--".encode() + tail)
+        assert r.status_code == 200, r.text
+        client.files.delete(r.json()["id"])
     assert_nothing_stored(api, account)
 
 
