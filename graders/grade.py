@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from graders import formula, sandbox, similarity
-from graders.model_graders import ModelCall, parse_label, parse_score, request_for
+from graders.model_graders import ModelCall, parse_label, parse_score, request_for, score_range
 from graders.models import (
     Grader,
     LabelModelGrader,
@@ -114,7 +114,7 @@ def _model(grader: ScoreModelGrader | LabelModelGrader, pairs, runtime: Runtime)
                                   usage=usage))
             continue
         if isinstance(grader, ScoreModelGrader):
-            low, high = grader.range or (0.0, 1.0)
+            low, high = score_range(grader)
             value, why = parse_score(answer.text, low, high)
             if value is None:
                 grades.append(_failed(why, "model_grader_parse_error", usage=usage))

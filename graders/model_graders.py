@@ -2,7 +2,12 @@
 is read. The model call itself is injected (`ModelCall`): graders/ runs no model; the service
 answers the requests with a model it runs (evals/runtime.py: the batch engine in a Ray task), tests with what they choose.
 
-Reading an answer, as OpenAI's structured output gives it (`{"result": ...}`), or plain:
+The request carries the form its answer must take (`answer`: a number in the grader's range, or one
+of its labels), which the engine keeps decoding to (pipelines/answer_format.py), as OpenAI answers
+its graders with structured output: a base that was never taught to grade still answers a grade.
+
+Reading an answer, as OpenAI's structured output gives it (`{"result": ...}`), or plain (the form
+above; an engine without the constraint may still answer otherwise):
 - score_model: a JSON object with a numeric `result`, or an answer that is one number; it must lie
   in `range` ([0, 1] by default);
 - label_model: a JSON object with a string `result`, or an answer that is one of `labels` (quotes,
@@ -27,6 +32,21 @@ _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 
 
 @dataclass(frozen=True)
+class NumberAnswer:
+    """The answer is one decimal number in [low, high] (a score_model grader's)."""
+
+    low: float
+    high: float
+
+
+@dataclass(frozen=True)
+class ChoiceAnswer:
+    """The answer is one of `options` (a label_model grader's labels)."""
+
+    options: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class ModelRequest:
     model: str  # a base id, an ft: model or a checkpoint name, as the grader names it
     messages: tuple[dict, ...]  # [{"role", "content"}], rendered
@@ -34,6 +54,7 @@ class ModelRequest:
     temperature: float = 0.0  # greedy unless the grader's sampling_params say otherwise: grades repeat
     top_p: float = 1.0
     seed: int | None = None
+    answer: NumberAnswer | ChoiceAnswer | None = None  # the form decoding keeps the answer to
 
 
 @dataclass(frozen=True)
@@ -60,7 +81,15 @@ def request_for(grader: ScoreModelGrader | LabelModelGrader, sample: dict | None
         temperature=params.temperature if params and params.temperature is not None else 0.0,
         top_p=params.top_p if params and params.top_p is not None else 1.0,
         seed=params.seed if params else None,
+        answer=(ChoiceAnswer(tuple(grader.labels)) if isinstance(grader, LabelModelGrader)
+                else NumberAnswer(*score_range(grader))),
     )
+
+
+def score_range(grader: ScoreModelGrader) -> tuple[float, float]:
+    """[low, high] of a score_model's answers: its `range`, [0, 1] when it has none."""
+    low, high = grader.range or (0.0, 1.0)
+    return float(low), float(high)
 
 
 def _result_field(text: str) -> Any:

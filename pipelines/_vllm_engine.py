@@ -25,6 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from catalog.bases import BaseModelSpec
+from pipelines.answer_format import NUMBER_REGEX
+from graders.model_graders import ChoiceAnswer, NumberAnswer
 from pipelines.engine import GenRequest, GenResult, adapter_rank, end_of_turn_ids
 
 
@@ -50,7 +52,8 @@ class VllmEngine:
         params = [
             SamplingParams(max_tokens=r.params.max_tokens, temperature=r.params.temperature, top_p=r.params.top_p,
                            seed=r.params.seed, stop=list(r.params.stop) or None, stop_token_ids=self.eot,
-                           ignore_eos=True, skip_special_tokens=True)  # fmt: skip
+                           ignore_eos=True, skip_special_tokens=True,
+                           structured_outputs=_structured(r.params.answer))  # fmt: skip
             for r in requests
         ]
         loras = [self.lora_requests[r.adapter] if r.adapter is not None else self.base_lora for r in requests]
@@ -72,6 +75,18 @@ class VllmEngine:
         text = self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
         cut = min((i for i in (text.find(s) for s in stop if s) if i >= 0), default=-1)
         return text[:cut] if cut >= 0 else text
+
+
+def _structured(answer: NumberAnswer | ChoiceAnswer | None):
+    """A model grader's answer form as vLLM's structured output: its regex for a number (the grader's
+    range is checked when the answer is read, graders/model_graders.py), its choice for labels."""
+    if answer is None:
+        return None
+    from vllm.sampling_params import StructuredOutputsParams
+
+    if isinstance(answer, NumberAnswer):
+        return StructuredOutputsParams(regex=NUMBER_REGEX)
+    return StructuredOutputsParams(choice=list(answer.options))
 
 
 def load_vllm_engine(

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from catalog.bases import BaseModelSpec
+from graders.model_graders import ChoiceAnswer, NumberAnswer
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None  # per-request generator seed when sampling
     stop: tuple[str, ...] = ()  # extra stop strings (OpenAI `stop`); the base's end-of-turn always stops
+    answer: NumberAnswer | ChoiceAnswer | None = None  # the form the answer must take (model graders)
 
 
 @dataclass(frozen=True)

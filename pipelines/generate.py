@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from catalog.bases import BaseModelSpec
+from pipelines.answer_format import AnswerConstraint
 from pipelines.engine import Engine, GenRequest, GenResult, SamplingParams, end_of_turn_ids
 from pipelines.lora_stack import StackedLora
 from openft.errors import InvalidRequest
@@ -122,6 +123,7 @@ class TransformersEngine:
         self._hooked: set[int] = set()
         self._next_alias = len(self.aliases)
         self._stack = StackedLora() if stack_adapters else None
+        self._answers = AnswerConstraint(tokenizer, sorted(self.eot))
         self._hook_lora_layers()
 
     @property
@@ -237,6 +239,9 @@ class TransformersEngine:
     def _choose(self, row: _Row, logits: torch.Tensor) -> int:
         params = row.request.params
         logits = logits.float()
+        if params.answer is not None:
+            allowed = torch.tensor(self._answers.allowed(params.answer, row.tokens), device=logits.device)
+            logits = torch.full_like(logits, float("-inf")).index_copy_(0, allowed, logits[allowed])
         if params.temperature <= 0:
             return int(torch.argmax(logits))
         probs = torch.softmax(logits / params.temperature, dim=-1)

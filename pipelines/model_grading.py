@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from catalog.bases import get_base
 from openft.errors import InvalidRequest
-from graders.model_graders import ModelAnswer, ModelRequest
+from graders.model_graders import ChoiceAnswer, ModelAnswer, ModelRequest, NumberAnswer
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from storage.keys import ADAPTER_FILES
 
@@ -30,6 +30,7 @@ class PromptRequest:
     temperature: float
     top_p: float
     seed: int | None
+    answer: NumberAnswer | ChoiceAnswer | None = None
 
 
 @dataclass(frozen=True)
@@ -76,7 +77,7 @@ def answer_prompts(spec: GradingEngineSpec, requests: list[PromptRequest]) -> li
             answers[key] = PromptAnswer(None, error=f"The grader's prompt fills the {base.max_seq_length}-token context "
                                                     f"of {base.id}.")
             continue
-        params = SamplingParams(min(r.max_tokens, room), r.temperature, r.top_p, r.seed)
+        params = SamplingParams(min(r.max_tokens, room), r.temperature, r.top_p, r.seed, answer=r.answer)
         runnable.append(GenRequest(key, r.adapter, tuple(ids), params))
     if runnable:
         engine = load_engine(base, model_source=spec.model_source, cache_root=spec.cache_root, adapters=adapters,
@@ -151,7 +152,8 @@ def answer_by_base(setup: GradingSetup, members: list[GradingMember], name: str)
         spec = GradingEngineSpec(base_id, setup.engine, setup.model_source, setup.cache_root, setup.store_spec,
                                  tuple((alias[n], prefixes[n]) for n in names), setup.max_batch_rows)
         prompts = [PromptRequest(alias.get(m.model) if m.adapter_prefix else None, m.request.messages,
-                                 m.request.max_tokens, m.request.temperature, m.request.top_p, m.request.seed)
+                                 m.request.max_tokens, m.request.temperature, m.request.top_p, m.request.seed,
+                                 m.request.answer)
                    for m in group]
         why = f"The grading model ran past {setup.timeout_s:g} s."
         try:

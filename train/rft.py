@@ -304,7 +304,7 @@ class RFTSteps:
                 answers[i] = ModelAnswer(None, error=f"The grader's prompt cannot be rendered ({exc.code}).")
                 continue
             params = SamplingParams(max(1, min(r.max_tokens, self.base.max_seq_length - len(ids))), r.temperature,
-                                    r.top_p, r.seed)
+                                    r.top_p, r.seed, answer=r.answer)
             runnable.append(GenRequest(i, None, tuple(ids), params))  # None: the base, the adapter off
         for result in self.engine.generate(runnable):
             answers[result.key] = ModelAnswer(result.text, result.prompt_tokens, result.completion_tokens)

@@ -26,6 +26,7 @@ def main(spec_path: str, out_path: str) -> None:
 
     from catalog.bases import get_base
     from pipelines._vllm_engine import load_vllm_engine
+    from graders.model_graders import ChoiceAnswer, NumberAnswer
     from pipelines.generate import GenRequest, SamplingParams
 
     spec = json.loads(Path(spec_path).read_text())
@@ -38,9 +39,15 @@ def main(spec_path: str, out_path: str) -> None:
     engine = load_vllm_engine(base, model_source="standin", cache_root=spec["cache_root"], adapters=adapters,
                               max_batch_rows=spec["max_batch_rows"])  # fmt: skip
     load_s = time.monotonic() - started
+    def answer(form: dict | None):
+        if form is None:
+            return None
+        return NumberAnswer(*form["range"]) if "range" in form else ChoiceAnswer(tuple(form["options"]))
+
     requests = [
         GenRequest(r["key"], r["adapter"], tuple(r["prompt_ids"]),
-                   SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, stop=tuple(r["stop"])))  # fmt: skip
+                   SamplingParams(max_tokens=r["max_tokens"], temperature=0.0, stop=tuple(r["stop"]),
+                                  answer=answer(r.get("answer"))))  # fmt: skip
         for r in spec["requests"]
     ]
     runs = []

@@ -15,6 +15,7 @@ legitimately). At most one tie is allowed, so a broken engine cannot pass as "al
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -27,6 +28,8 @@ import torch
 from catalog.bases import get_base
 from catalog.model_source import ModelSource, load_model, load_tokenizer
 from catalog.standins import standin_dir
+from graders.model_graders import ChoiceAnswer, NumberAnswer
+from pipelines.answer_format import NUMBER_REGEX
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from tests.factories import random_adapter
 
@@ -37,6 +40,7 @@ BASE_ID = "qwen2.5-0.5b-instruct"
 TICKETS = ["My parcel never arrived.", "I was charged twice for one order.", "I cannot log in since Monday.",
            "Please cancel my subscription now", "The box came damaged and wet.", "Where is my refund?"]  # fmt: skip
 MODELS = [None, "ft-a", "ft-b"]
+LABELS = ("yes", "no", "not sure")
 MAX_TOKENS = 24
 TIE = 1e-3  # logits of the stand-in are O(1); fp32 reduction-order noise is ~1e-6
 
@@ -67,9 +71,21 @@ def setup(tmp_path_factory):
              for q, r in zip(requests, ours) if r.key % 4 == 0 and len(r.text) > 12]  # fmt: skip
     requests += stops
     ours += engine.generate(stops)
+    # Model graders' answers, kept to their form (a number, one of the labels): compared by form, not
+    # token for token (vLLM's grammar admits any tokenization of a label; ours the tokenizer's own).
+    forms = [GenRequest(key + len(MODELS) * i + j, name, ids, SamplingParams(max_tokens=6, temperature=0, answer=answer))
+             for key, answer in ((200, NumberAnswer(0, 1)), (300, ChoiceAnswer(LABELS)))
+             for i, ids in enumerate(prompts[:2]) for j, name in enumerate(MODELS)]  # fmt: skip
+
+    def form(answer):
+        if answer is None:
+            return None
+        return {"range": [answer.low, answer.high]} if isinstance(answer, NumberAnswer) else {"options": list(answer.options)}
+
     spec = {"base": BASE_ID, "cache_root": str(cache_root), "max_batch_rows": 8, "repeats": 2, "adapters": {},
             "requests": [{"key": q.key, "adapter": q.adapter, "prompt_ids": list(q.prompt_ids),
-                          "max_tokens": q.params.max_tokens, "stop": list(q.params.stop)} for q in requests]}  # fmt: skip
+                          "max_tokens": q.params.max_tokens, "stop": list(q.params.stop), "answer": form(q.params.answer)}
+                         for q in requests + forms]}  # fmt: skip
     for name, files in adapters.items():
         (root / name).mkdir()
         for filename, data in files.items():
@@ -83,7 +99,7 @@ def setup(tmp_path_factory):
     out = json.loads((root / "out.json").read_text())
     out["wall_s"] = time.monotonic() - started
     return {"base": base, "cache_root": cache_root, "adapters": adapters, "requests": requests, "ours": ours,
-            "ours_s": ours_s, "out": out}  # fmt: skip
+            "ours_s": ours_s, "out": out, "forms": forms, "ours_forms": engine.generate(forms)}  # fmt: skip
 
 
 def _reference(base, cache_root, adapters, name):
@@ -102,7 +118,7 @@ def test_vllm_greedy_tokens_equal_the_transformers_engine(setup, capsys):
     requests, ours, out = setup["requests"], setup["ours"], setup["out"]
     first, second = out["runs"]
     assert first["results"] == second["results"]  # vLLM's greedy repeats exactly
-    theirs = {r["key"]: r for r in first["results"]}
+    theirs = {r["key"]: r for r in first["results"] if r["key"] < 200}
     assert sorted(theirs) == sorted(q.key for q in requests)
     equal, ties = 0, []
     for request, mine in zip(requests, ours):
@@ -130,3 +146,17 @@ def test_vllm_greedy_tokens_equal_the_transformers_engine(setup, capsys):
                "transformers_tokens_per_s": round(sum(len(r.token_ids) for r in ours[: len(MODELS) * len(TICKETS)]) / setup["ours_s"], 1)}  # fmt: skip
     with capsys.disabled():
         print("\nvllm check:", json.dumps(figures))
+
+
+def test_vllm_keeps_grader_answers_to_their_form(setup):
+    """Structured output: a number of the grammar (vLLM's regex; the range is the reader's check), or
+    one of the labels, as the transformers engine answers them."""
+    theirs = {r["key"]: r for r in setup["out"]["runs"][0]["results"] if r["key"] >= 200}
+    assert sorted(theirs) == sorted(q.key for q in setup["forms"])
+    for request, mine in zip(setup["forms"], setup["ours_forms"]):
+        other = theirs[request.key]["text"]
+        if isinstance(request.params.answer, NumberAnswer):
+            assert re.fullmatch(NUMBER_REGEX, other) or theirs[request.key]["finish_reason"] == "length", other
+            assert 0 <= float(mine.text) <= 1
+        else:
+            assert other in LABELS and mine.text in LABELS, (other, mine.text)

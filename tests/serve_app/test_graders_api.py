@@ -76,15 +76,15 @@ def test_a_model_grader_is_answered_by_a_base_this_service_runs(apis):
     usage = result.model_grader_token_usage_per_model[BASE]
     assert usage["prompt_tokens"] > 10 and 1 <= usage["completion_tokens"] <= 4 + 1
     assert result.metadata.token_usage == usage["prompt_tokens"] + usage["completion_tokens"]
-    if result.metadata.errors.model_grader_parse_error:  # a random stand-in rarely answers a number
-        assert result.reward == 0.0 and result.model_extra["gridline"]["reason"]
-    else:
-        assert 0.0 <= result.reward <= 1.0
+    # The untrained stand-in answers words when free; held to a number in the range, it grades.
+    assert not result.metadata.errors.model_grader_parse_error, result.model_extra["gridline"]
+    assert 0.0 <= result.reward <= 1.0
     label = {"type": "label_model", "name": "label", "model": BASE, "labels": ["yes", "no"], "passing_labels": ["yes"],
              "input": [{"role": "user", "content": "yes or no: {{sample.output_text}}"}]}
     combined = _run(client, {"type": "multi", "name": "m", "graders": {"judge": score, "label": label, "exact": CHECK},
                              "calculate_output": "max(judge, label, exact)"}, sample="Paris")
     assert combined.reward == 1.0 and combined.sub_rewards["exact"] == 1.0
+    assert not combined.metadata.errors.model_grader_parse_error and combined.sub_rewards["label"] in (0.0, 1.0)
     assert set(combined.model_grader_token_usage_per_model) == {BASE}
 
 

@@ -209,3 +209,28 @@ def test_an_rft_job_with_a_python_grader_completes(chain_account):
     steps = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100)
              if e.type == "metrics" and "reward_mean" in (e.data or {})]
     assert len(steps) == 3 and all(m["grader_failures"] == 0 and m["reward_mean"] > 0 for m in steps)
+
+
+@pytest.mark.heavy  # a reinforcement job through the service: minutes on two cores (make test-heavy)
+@pytest.mark.timeout(1200)
+def test_an_rft_job_with_a_score_model_grader_run_by_its_base_completes(chain_account):
+    """The judge is the job's own untrained base, answered in the Train worker with the adapter off.
+    Free, it answers words (every grade would fail, and the job with grader_failed); held to a number
+    in the grader's range (pipelines/answer_format.py), it grades every sample."""
+    client = chain_account
+    judge = {"type": "score_model", "name": "judge", "model": BASE, "range": [0, 1],
+             "input": [{"role": "system", "content": "Answer with one number from 0 to 1: 1 if the answer is the label."},
+                       {"role": "user", "content": "Label: {{item.label}}. Answer: {{sample.output_text}}"}],
+             "sampling_params": {"max_completions_tokens": 4}}
+    prompts = client.files.create(file=("p.jsonl", io.BytesIO(prompts_jsonl(ticket_splits()[0][:12]))),
+                                  purpose="fine-tune")
+    job = client.fine_tuning.jobs.create(model=BASE, training_file=prompts.id, seed=1, method={
+        "type": "reinforcement", "reinforcement": {"grader": judge, "hyperparameters": {
+            "batch_size": 4, "compute_multiplier": 0.25, "max_completion_tokens": 3, "learning_rate": 1e-4}}})
+    job = wait(client, job.id, timeout=1100)
+    assert job.status == "succeeded", job.error
+    result = job.model_extra["gridline"]["result"]
+    assert result["steps"] == 3 and 0 <= result["eval_reward"] <= 1
+    steps = [e.data for e in client.fine_tuning.jobs.list_events(job.id, limit=100)
+             if e.type == "metrics" and "reward_mean" in (e.data or {})]
+    assert len(steps) == 3 and all(m["grader_failures"] == 0 for m in steps), steps
