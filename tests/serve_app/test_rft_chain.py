@@ -129,7 +129,7 @@ def test_sft_then_rft_raises_the_validation_reward(chain_account):
     sft = wait(client, client.fine_tuning.jobs.create(
         model=BASE, training_file=sft_train.id, validation_file=sft_valid.id, seed=0,
         method={"type": "supervised", "supervised": {"hyperparameters": {
-            "n_epochs": 4, "batch_size": 4, "learning_rate": 3e-3, "lora_rank": 16, "lora_alpha": 32}}}).id, timeout=900)
+            "n_epochs": 6, "batch_size": 4, "learning_rate": 3e-3, "lora_rank": 16, "lora_alpha": 32}}}).id, timeout=900)
     assert sft.status == "succeeded", sft.error
 
     prompts = client.files.create(file=("p.jsonl", io.BytesIO(prompts_jsonl(ticket_splits()[0]))), purpose="fine-tune")
@@ -138,14 +138,15 @@ def test_sft_then_rft_raises_the_validation_reward(chain_account):
         model=sft.fine_tuned_model, training_file=prompts.id, validation_file=held_prompts.id, seed=0,
         method={"type": "reinforcement", "reinforcement": {"grader": EXACT, "hyperparameters": {
             "batch_size": 16, "compute_multiplier": 1.0, "n_epochs": 3, "eval_interval": 9, "eval_samples": 2,
-            "learning_rate": 1e-3, "temperature": 0.2, "beta": 0, "max_completion_tokens": 4}}})
+            "learning_rate": 1e-3, "temperature": 0.2, "beta": 0, "max_completion_tokens": 5}}})
     assert rft.model_extra["gridline"]["parent"]["model"] == sft.fine_tuned_model
     rft = wait(client, rft.id, timeout=1800)
     assert rft.status == "succeeded", rft.error
     result = rft.model_extra["gridline"]["result"]
     before, after = result["eval_reward_before"], result["eval_reward"]
     print(f"validation reward before {before:.4f}, after {after:.4f}")
-    assert after >= before + 0.1, (before, after)
+    # Clearly: at least a third of the validation misses gone (measured 0.775 -> 0.8875, half of them).
+    assert 1 - after <= (1 - before) * 2 / 3, (before, after)
     assert rft.fine_tuned_model and rft.model_extra["gridline"]["fine_tuned_adapter"]["servable"] is True
 
     steps = [e.data for e in client.fine_tuning.jobs.list_events(rft.id, limit=100)
@@ -164,10 +165,11 @@ def test_sft_then_rft_raises_the_validation_reward(chain_account):
     parent_right, total = held_out_accuracy(client, made.id, sft.fine_tuned_model)
     child_right, _ = held_out_accuracy(client, made.id, rft.fine_tuned_model)
     print(f"held-out greedy accuracy: parent {parent_right}/{total}, reinforcement {child_right}/{total}")
-    # Measured 2026-12-06 on two loaded cores: parent 21/40, child 28/40. The target (at least
-    # 80 % of the held-out rows) is not reached yet through the service on this stand-in; the same
-    # settings in one process (train_sft then train_rft) went from 25/40 to 34/40.
-    assert child_right > parent_right and child_right >= 0.65 * total
+    # Measured 2026-12-06: parent 31/40, child 39/40. With the parent's 4 epochs, 21/40 then 29/40: the
+    # sampled groups of a weaker parent hold too few right answers to learn from. max_completion_tokens
+    # 5, not 4: "login" is 4 stand-in tokens, so at 4 its end-of-turn never fit, the policy was
+    # rewarded for answers cut at the budget, and the parity check registered it not servable.
+    assert child_right > parent_right and child_right >= 0.8 * total
 
     # The same model in the batch API, greedy on the held-out tickets: as right as in the eval run.
     batch = run_batch_file(client, [batch_request_line(f"t{i}", [{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}],
@@ -178,7 +180,7 @@ def test_sft_then_rft_raises_the_validation_reward(chain_account):
                for line in file_lines(client, batch.output_file_id)}
     batch_right = sum(answers[f"t{i}"] == label for i, (_, label) in enumerate(held))
     print(f"held-out greedy accuracy in the batch API: {batch_right}/{total}")
-    assert batch_right > parent_right and batch_right >= 0.65 * total
+    assert batch_right > parent_right and batch_right >= 0.8 * total
 
     # Its results file: a row per step with the reward figures, the validation reward on the step evaluated.
     table = list(csv.DictReader(io.StringIO(client.files.content(rft.result_files[0]).content.decode())))
