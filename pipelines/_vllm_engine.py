@@ -25,8 +25,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from catalog.bases import BaseModelSpec
-from pipelines.answer_format import NUMBER_REGEX
 from graders.model_graders import ChoiceAnswer, NumberAnswer
+from pipelines.answer_format import NUMBER_REGEX
 from pipelines.engine import GenRequest, GenResult, adapter_rank, end_of_turn_ids
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from catalog.bases import get_base
 from openft.errors import InvalidRequest
-from graders.model_graders import ChoiceAnswer, ModelAnswer, ModelRequest, NumberAnswer
+from graders.model_graders import ModelAnswer, ModelRequest
 from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from storage.keys import ADAPTER_FILES
 
@@ -25,12 +25,7 @@ from storage.keys import ADAPTER_FILES
 @dataclass(frozen=True)
 class PromptRequest:
     adapter: str | None  # a name of EngineSpec.adapters; None: the base alone
-    messages: tuple[dict, ...]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    seed: int | None
-    answer: NumberAnswer | ChoiceAnswer | None = None
+    request: ModelRequest  # the grader's prompt and sampling, as graders/ made it
 
 
 @dataclass(frozen=True)
@@ -66,7 +61,7 @@ def answer_prompts(spec: GradingEngineSpec, requests: list[PromptRequest]) -> li
     tokenizer = load_tokenizer(base, parse_model_source(spec.model_source), Path(spec.cache_root))
     answers: list[PromptAnswer | None] = [None] * len(requests)
     runnable = []
-    for key, r in enumerate(requests):
+    for key, (adapter, r) in enumerate((p.adapter, p.request) for p in requests):
         try:
             ids = render_prompt(list(r.messages), tokenizer, base, 0)
         except InvalidRequest as exc:
@@ -78,7 +73,7 @@ def answer_prompts(spec: GradingEngineSpec, requests: list[PromptRequest]) -> li
                                                     f"of {base.id}.")
             continue
         params = SamplingParams(min(r.max_tokens, room), r.temperature, r.top_p, r.seed, answer=r.answer)
-        runnable.append(GenRequest(key, r.adapter, tuple(ids), params))
+        runnable.append(GenRequest(key, adapter, tuple(ids), params))
     if runnable:
         engine = load_engine(base, model_source=spec.model_source, cache_root=spec.cache_root, adapters=adapters,
                              kind=spec.kind, max_batch_rows=spec.max_batch_rows)
@@ -151,10 +146,7 @@ def answer_by_base(setup: GradingSetup, members: list[GradingMember], name: str)
         prefixes = {m.model: m.adapter_prefix for m in group if m.adapter_prefix}
         spec = GradingEngineSpec(base_id, setup.engine, setup.model_source, setup.cache_root, setup.store_spec,
                                  tuple((alias[n], prefixes[n]) for n in names), setup.max_batch_rows)
-        prompts = [PromptRequest(alias.get(m.model) if m.adapter_prefix else None, m.request.messages,
-                                 m.request.max_tokens, m.request.temperature, m.request.top_p, m.request.seed,
-                                 m.request.answer)
-                   for m in group]
+        prompts = [PromptRequest(alias.get(m.model) if m.adapter_prefix else None, m.request) for m in group]
         why = f"The grading model ran past {setup.timeout_s:g} s."
         try:
             got = answer_on_ray(spec, prompts, resources=dict(setup.resources), timeout_s=setup.timeout_s,
