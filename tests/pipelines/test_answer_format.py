@@ -65,7 +65,8 @@ def test_the_untrained_stand_in_answers_a_number_in_the_range_only_when_constrai
         results = engine.generate(_requests(engine, NumberAnswer(low, high), temperature=temperature))
         scores = [parse_score(r.text, low, high) for r in results]
         assert all(value is not None for value, _ in scores), [r.text for r in results]
-        assert all(r.finish_reason == "stop" or r.completion_tokens == 8 for r in results)
+        # An answer that ended by itself is a whole number of the strict grammar, in the range.
+        assert all(is_number(r.text, low, high) for r in results if r.finish_reason == "stop"), [r.text for r in results]
 
 
 def test_the_untrained_stand_in_answers_one_of_the_labels_when_constrained(engine):
