@@ -15,15 +15,25 @@ Everything after `resolve_base_dir` is the same code for all three.
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
-
-import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, BitsAndBytesConfig, PreTrainedTokenizerFast
+from typing import TYPE_CHECKING, Literal
 
 from catalog.bases import BaseModelSpec
-from catalog.standins import standin_dir
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerFast
+
+# torch and transformers (and catalog.standins, which builds bases with them) are imported where a
+# base is loaded, not here: the API, the job controller and the CLI import this module to parse and
+# resolve sources, and importing torch and transformers cost each of those processes about 4 CPU-s
+# at start (`python -X importtime -c "import serve_app.deployment"`). One thread at a time imports
+# them and loads: transformers' lazy module (which also imports a model's or tokenizer's classes in
+# `from_pretrained`) is not safe on first use from several threads (the API's request threads got
+# "cannot import name 'AutoTokenizer'" when eight job creates loaded the first tokenizer at once).
+_IMPORTING = threading.Lock()
 
 REVISION_MARKER = ".openft_revision"
 
@@ -46,6 +56,9 @@ def parse_model_source(value: str) -> ModelSource:
 def resolve_base_dir(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> Path:
     """The local HF-format directory holding `base` at its pinned revision."""
     if source.kind == "standin":
+        with _IMPORTING:
+            from catalog.standins import standin_dir
+
         return standin_dir(base, cache_root)
     if source.kind == "hub":
         from huggingface_hub import snapshot_download
@@ -80,7 +93,11 @@ def _mirror_dir(base: BaseModelSpec, root: Path) -> Path:
 
 
 def load_tokenizer(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> PreTrainedTokenizerFast:
-    return AutoTokenizer.from_pretrained(resolve_base_dir(base, source, cache_root))
+    directory = resolve_base_dir(base, source, cache_root)
+    with _IMPORTING:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(directory)
 
 
 def load_model(
@@ -88,10 +105,15 @@ def load_model(
     source: ModelSource,
     cache_root: Path,
     *,
-    dtype: torch.dtype = torch.float32,
+    dtype: torch.dtype | None = None,
     quantization: Literal[None, "nf4"] = None,
 ) -> torch.nn.Module:
-    """The base as `AutoModelForCausalLM`; `quantization="nf4"` loads 4-bit NF4 weights for QLoRA."""
+    """The base as `AutoModelForCausalLM` in `dtype` (float32 when None); `quantization="nf4"` loads
+    4-bit NF4 weights for QLoRA."""
+    with _IMPORTING:
+        import torch
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+    dtype = torch.float32 if dtype is None else dtype
     kwargs = {}
     if quantization == "nf4":
         kwargs["quantization_config"] = BitsAndBytesConfig(
@@ -102,4 +124,6 @@ def load_model(
         )
     elif quantization is not None:
         raise ValueError(f"quantization {quantization!r} is not one of: None, 'nf4'.")
-    return AutoModelForCausalLM.from_pretrained(resolve_base_dir(base, source, cache_root), dtype=dtype, **kwargs)
+    directory = resolve_base_dir(base, source, cache_root)
+    with _IMPORTING:
+        return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from catalog.bases import BaseModelSpec
 from catalog.model_source import ModelSource
-from catalog.standins import MANIFEST, read_manifest
 from merge._header import Entry, Header, HeaderError, file_reader, read_header
 from merge.adapter import LoraAdapter
 from merge.errors import MergeError
@@ -77,6 +76,10 @@ def pinned_path(base: BaseModelSpec, cache_root: Path) -> Path:
 def pinned_digests(base: BaseModelSpec, source: ModelSource, base_dir: Path, cache_root: Path) -> dict[str, str]:
     """Relative path -> SHA-256 of every file of the base at its pinned revision."""
     if source.kind == "standin":
+        # Here, not at the top: catalog.standins imports torch and transformers, which the API process
+        # that imports this module (to plan merges) never needs (catalog/model_source.py).
+        from catalog.standins import MANIFEST, read_manifest
+
         pinned = read_manifest(base_dir) if (base_dir / MANIFEST).is_file() else None
     elif base.file_sha256:
         return dict(base.file_sha256)

@@ -28,7 +28,6 @@ from merge.adapter import LoraAdapter, validate_adapter
 from merge.errors import MergeError, MergeStopped
 from merge.export import MANIFEST, NOTICE, licence_sources, manifest, manifest_bytes, notice_text, put_checked, reviewed_licence
 from merge.plan import INDEX, MergePlan, ShardJob, build_plan, pinned_digests
-from merge.shard import copy_file, merge_shard
 from storage.objects import ObjectNotFound, ObjectStore, check_prefix, open_object_store
 
 ADAPTER_MODEL = "adapter_model.safetensors"
@@ -106,6 +105,9 @@ def run_merge(req: MergeRequest, store: ObjectStore | None = None,
 
 def _write(req, store, prefix, deadline, plan: MergePlan, adapter: LoraAdapter, adapter_bytes, adapter_sha256,
            base_dir: Path, extra_licences: dict[str, Path], attribution: str) -> MergeResult:  # fmt: skip
+    # merge.shard (torch) is imported by the merge's own tasks, not by the API that imports this module.
+    from merge.shard import copy_file
+
     adapter_ref = ray.put(np.frombuffer(adapter_bytes, dtype=np.uint8))
     # Named for the Ray dashboard: which model (else base) and shard a running task is merging.
     tasks = [
@@ -147,6 +149,8 @@ def _merge_shard(req: MergeRequest, job: ShardJob, store: ObjectStore, key: str,
     own node's model cache (`req`'s model source and cache root: settings, the same on every node),
     never at the driver's path; `merge_shard` checks the shard's pinned SHA-256 as it reads, so a
     node whose copy differs fails the merge instead of exporting other weights."""
+    from merge.shard import merge_shard
+
     base_dir = _base_dir(_known_base(req.base_id), req)
     return merge_shard(job, str(base_dir / job.path), store, key, adapter, scale)
 

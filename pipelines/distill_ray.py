@@ -36,7 +36,6 @@ from typing import Any, Iterator
 
 import orjson
 import pyarrow as pa
-from ray.data.context import ShuffleStrategy
 
 from pipelines._batch_lines import BadLine, Prompt, Unconvertible, parse_request, parse_result
 from pipelines._items import item_dataset
@@ -231,6 +230,8 @@ def build_distill(
     `block_bytes`, and the join runs in as many key ranges; `max_cpus` caps the CPUs this job's
     tasks use; `name` names the Ray Data dataset (`<file id> distill`). Ray must be initialised.
     """
+    from ray.data.context import ShuffleStrategy  # ray.data when a distill runs, not when the API imports this
+
     store = open_object_store(*store_spec)
     keys = (results_key, requests_key)
     shard_prefix = f"{out_prefix}/shards/"

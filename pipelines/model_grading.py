@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from catalog.bases import get_base
 from openft.errors import InvalidRequest
 from graders.model_graders import ModelAnswer, ModelRequest
-from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
 from storage.keys import ADAPTER_FILES
 
 
@@ -50,9 +49,12 @@ class GradingEngineSpec:
 
 
 def answer_prompts(spec: GradingEngineSpec, requests: list[PromptRequest]) -> list[PromptAnswer]:
-    from catalog.model_source import load_tokenizer, parse_model_source
     from pathlib import Path
 
+    from catalog.model_source import load_tokenizer, parse_model_source
+    # The engine (torch, transformers) is imported by the task that runs it, not by the API, the
+    # controller and the trainer's config, which import this module (catalog/model_source.py says why).
+    from pipelines.generate import GenRequest, SamplingParams, load_engine, render_prompt
     from storage.objects import open_object_store
 
     base = get_base(spec.base_id)

@@ -18,12 +18,15 @@ Messages are named by their 0-based position in the JSON arrays, as `messages[2]
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from jinja2 import TemplateError
-from transformers import PreTrainedTokenizerBase
 
 from catalog.bases import BaseModelSpec
 from openft.errors import InvalidRequest
+
+if TYPE_CHECKING:  # the callers load the tokenizer; the API imports this module without transformers
+    from transformers import PreTrainedTokenizerBase
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 _TOOL_KEYS = ("tool_calls", "function_call")

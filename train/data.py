@@ -18,11 +18,13 @@ already leaves little padding on the ticket-style data the service sees.
 from __future__ import annotations
 
 import random
-
-import torch
+from typing import TYPE_CHECKING
 
 from openft.holdout import holdout_size
 from pipelines.tokenize import IGNORE_INDEX
+
+if TYPE_CHECKING:  # the job controller imports this module for holdout_lines; torch is the trainer's
+    import torch
 
 GROUP_BATCHES = 64  # batches sorted together: wide enough to group lengths, narrow enough to stay random
 
@@ -62,6 +64,8 @@ def eval_batches(lengths: list[int], batch_size: int) -> list[list[int]]:
 
 def pad_batch(sequences: list[list[int]], labels: list[list[int]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-padded `input_ids`, `attention_mask` and `labels` (IGNORE_INDEX on padding)."""
+    import torch
+
     width = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(sequences), width), dtype=torch.long)
