@@ -25,12 +25,6 @@ SERVE_STOP_MARGIN_S = 2.0
 # Ray puts unix sockets under its temp dir; their paths must stay under the kernel's 107 bytes.
 _MAX_TEMP_DIR = 60
 
-# The environment of every task and actor this service starts (the job's runtime_env, so also on a
-# cluster joined at RAY_ADDRESS whose nodes were started without it). Ray Train 2.60 reads its
-# switch in the process that calls `TorchTrainer.fit` (the attempt task): with it on, runs are
-# listed by name under the dashboard's Train tab (`/api/train/v2/runs/v1`).
-RAY_JOB_ENV = {"RAY_TRAIN_ENABLE_STATE_TRACKING": "1"}
-
 # A local node's upkeep, read by Ray's processes from their environment at start (a node started here
 # inherits this process's; `ray start` takes them from the operator's shell). Serve's controller runs
 # its control loop every 0.1 s by default, and Ray's log monitor lists the session's log files every
@@ -76,10 +70,14 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
 
     if ray.is_initialized():
         return ray.get_runtime_context()
-    runtime_env = {"env_vars": dict(RAY_JOB_ENV)}
+    # No job-wide runtime_env: a worker process started for a runtime_env goes through Ray's
+    # setup_worker.py, a second Python start, which doubled each actor's start-up CPU (0.98 s against
+    # 0.49, /tmp probe of 8 trivial actors); this service starts hundreds (Train's controller, workers
+    # and helpers for every run). The one switch it set that way, Ray Train's state tracking, is set
+    # where Ray Train reads it (train/launcher.py).
     # log_to_driver off: Ray Data's progress bars go to the driver's stderr; keep operator logs readable.
     if settings.ray_address:
-        return ray.init(address=settings.ray_address, log_to_driver=False, runtime_env=runtime_env)
+        return ray.init(address=settings.ray_address, log_to_driver=False)
     temp_dir = ray_temp_dir(settings)
     temp_dir.mkdir(parents=True, exist_ok=True)
     # Read by each Serve proxy this cluster starts (its processes inherit the environment): request
@@ -98,7 +96,6 @@ def start_ray(settings: Settings, *, dashboard: bool = True, num_cpus: int | Non
         # ten on a laptop. Ray expects at most 4x its startup concurrency (the CPU count, so 8 on two
         # cores) and otherwise prints a warning meant for runaway task fan-out.
         _system_config={"worker_maximum_startup_concurrency": max(4, num_cpus or os.cpu_count() or 1)},
-        runtime_env=runtime_env,
     )
 
 

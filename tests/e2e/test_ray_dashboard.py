@@ -113,6 +113,8 @@ def test_a_jobs_id_finds_its_run_datasets_tasks_and_figures(people_service):
           f"({len(footer_readers)} FooterReader)")  # fmt: skip
     assert not footer_readers, f"{len(footer_readers)} FooterReader actors, {dead_added} dead actors added"
     assert dead_added <= 12
+    # Ray Train's preemption watcher is off (train/launcher.py RAY_TRAIN_ENV): no run started one.
+    assert not [a for a in actors if a["class_name"] == "PreemptionWatcher"]
 
     # The figures, once the processes' metrics reached the head's agent (Ray reports every few seconds).
     def figures():
