@@ -151,10 +151,17 @@ class TicketModels:
 ON_TICKET_MODELS = pytest.mark.xdist_group("ticket_models")
 
 
-def pytest_collection_modifyitems(items):
+@pytest.hookimpl(trylast=True)  # after xdist's own hook, which writes the group into each marked test's id
+def pytest_collection_modifyitems(config, items):
     unmarked = [item.nodeid for item in items if "ticket_models" in getattr(item, "fixturenames", ())
                 and not any(m.args == ("ticket_models",) for m in item.iter_markers("xdist_group"))]
     assert not unmarked, f"tests that use ticket_models without @ON_TICKET_MODELS: {unmarked}"
+    # xdist groups by the "@group" suffix of a test's id; when the suffix is not there (pytest 9.2 with
+    # xdist 3.8, pyproject.toml), the group's tests spread over both workers and each trains the models.
+    if getattr(config.option, "loadgroup", False):
+        ungrouped = [item.nodeid for item in items if any(True for _ in item.iter_markers("xdist_group"))
+                     and "@" not in item.nodeid]
+        assert not ungrouped, f"--dist loadgroup did not group these tests (a pytest/xdist mismatch): {ungrouped}"
 
 
 @pytest.fixture(scope="session")
