@@ -56,10 +56,10 @@ def parse_model_source(value: str) -> ModelSource:
 def resolve_base_dir(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> Path:
     """The local HF-format directory holding `base` at its pinned revision."""
     if source.kind == "standin":
-        with _IMPORTING:
+        with _IMPORTING:  # building a stand-in also reaches transformers' lazy classes (from_config)
             from catalog.standins import standin_dir
 
-        return standin_dir(base, cache_root)
+            return standin_dir(base, cache_root)
     if source.kind == "hub":
         from huggingface_hub import snapshot_download
 
@@ -110,20 +110,20 @@ def load_model(
 ) -> torch.nn.Module:
     """The base as `AutoModelForCausalLM` in `dtype` (float32 when None); `quantization="nf4"` loads
     4-bit NF4 weights for QLoRA."""
-    with _IMPORTING:
-        import torch
-        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
-    dtype = torch.float32 if dtype is None else dtype
-    kwargs = {}
-    if quantization == "nf4":
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True,
-            bnb_4bit_quant_type="nf4",
-            bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=dtype,
-        )
-    elif quantization is not None:
+    if quantization not in (None, "nf4"):
         raise ValueError(f"quantization {quantization!r} is not one of: None, 'nf4'.")
     directory = resolve_base_dir(base, source, cache_root)
     with _IMPORTING:
+        import torch
+        from transformers import AutoModelForCausalLM, BitsAndBytesConfig
+
+        dtype = torch.float32 if dtype is None else dtype
+        kwargs = {}
+        if quantization == "nf4":
+            kwargs["quantization_config"] = BitsAndBytesConfig(
+                load_in_4bit=True,
+                bnb_4bit_quant_type="nf4",
+                bnb_4bit_use_double_quant=True,
+                bnb_4bit_compute_dtype=dtype,
+            )
         return AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, **kwargs)
