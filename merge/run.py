@@ -28,6 +28,7 @@ from merge.adapter import LoraAdapter, validate_adapter
 from merge.errors import MergeError, MergeStopped
 from merge.export import MANIFEST, NOTICE, licence_sources, manifest, manifest_bytes, notice_text, put_checked, reviewed_licence
 from merge.plan import INDEX, MergePlan, ShardJob, build_plan, pinned_digests
+from storage.leases import lost_by_ray
 from storage.objects import ObjectNotFound, ObjectStore, check_prefix, open_object_store
 
 ADAPTER_MODEL = "adapter_model.safetensors"
@@ -74,7 +75,8 @@ def run_merge(req: MergeRequest, store: ObjectStore | None = None,
     """Merge the adapter into its base and store the export under `req.export_prefix`.
 
     `store` defaults to `open_object_store(*req.store_spec)`; the shard tasks receive it pickled.
-    Needs a running Ray (the caller's). Raises MergeError; any other failure is `merge_failed`.
+    Needs a running Ray (the caller's). Raises MergeError; a process Ray lost under it is
+    `merge_interrupted` (queued again), any other failure `merge_failed`.
     `should_stop()` is polled with the deadline: True stops the merge (MergeStopped), its shard
     tasks cancelled and what it wrote left in place.
     """
@@ -100,6 +102,8 @@ def run_merge(req: MergeRequest, store: ObjectStore | None = None,
     except Exception as exc:
         if writing:
             store.delete_prefix(prefix + "/")
+        if lost_by_ray(exc):  # a shard's worker or node died: not the merge's fault, so it runs again
+            raise MergeError("merge_interrupted", "A process the merge ran on was lost; it runs again.") from exc
         raise MergeError("merge_failed", f"The merge failed ({type(exc).__name__}).") from exc
 
 

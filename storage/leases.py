@@ -29,7 +29,8 @@ Losing: a lease that expired (its holder, its process or its node died), a lease
 whose thread is gone (`mine` and not `alive`), or a row in a status that needs a lease with none
 (`Kind.needs_lease`) is lost. `reconcile` finds them, re-checks each under its locks and hands it
 to the kind's `lose`, which requeues it or, once `exhausted` (the attempt rule: `Kind.max_attempts`
-leases taken, counted in `Kind.attempts`), fails it with `Kind.exhausted_code`.
+leases taken, counted in `Kind.attempts`), fails it with `Kind.exhausted_code`. Work that Ray
+lost under its holder (`lost_by_ray`) records no end: its thread ends, and the next pass loses it.
 
 Adding a kind of background work (an eval run, a reinforcement job):
 1. its table gets `id`, `account_id`, `status`, `lease_owner`, `lease_expires_at` and an attempts
@@ -50,6 +51,7 @@ Nothing else: the heartbeat, reconciliation, owner tokens and the lock order are
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -234,18 +236,45 @@ def drive(kind: Kind, row_id: str, work: Callable[[], None], fail: Callable[[], 
     """A holder's `work` on a row, the same way for every kind's driver: a lease found lost stops it
     quietly (another worker holds the row, or it ended); any other failure is logged by its class
     only (never its message, which may quote users' data) and recorded by `fail` (the kind's end as
-    failed, retried by the caller); an end that cannot be recorded is left to `reconcile` once the
-    lease lapses."""
+    failed, retried by the caller), unless Ray lost it (`lost_by_ray`); an end that cannot be
+    recorded, and work Ray lost, are left to `reconcile`, which requeues them once the thread
+    has ended (or the lease lapsed)."""
     try:
         work()
     except LeaseLost:
         log.info("%s %s: its lease is held by another worker; stopped", kind.name, row_id)
     except Exception as exc:
+        if lost_by_ray(exc):
+            # Not the work's failure: reconciliation requeues it (an attempt more, `exhausted_code` at the cap).
+            log.warning("%s %s: Ray lost a process it ran on (%s); it runs again", kind.name, row_id, type(exc).__name__)
+            return
         log.error("%s %s failed: %s", kind.name, row_id, type(exc).__name__)
         try:
             fail()
         except Exception as again:  # the lease lapses and reconciliation takes the row
             log.error("%s %s could not record its end: %s", kind.name, row_id, type(again).__name__)
+
+
+def lost_by_ray(exc: BaseException) -> bool:
+    """Whether `exc`, or an exception it was raised from, is Ray losing a process or node the work
+    ran on (a task's worker or node died, an actor, an object or the local raylet was lost, a
+    worker was killed for memory), not the work's own code raising, a timeout, or a cancel. A dying
+    service does this to its own work first: its Ray node goes while the worker's threads still run
+    (tests/faults), and a failure they recorded then would outlive the restart that runs it again."""
+    errors = sys.modules.get("ray.exceptions")
+    if errors is None:  # Ray was never imported here: nothing raised can be Ray's
+        return False
+    lost = (errors.WorkerCrashedError, errors.NodeDiedError, errors.LocalRayletDiedError, errors.RayActorError,
+            errors.ObjectLostError, errors.RaySystemError, errors.OutOfMemoryError, errors.RpcError,
+            errors.TaskPlacementGroupRemoved, errors.ActorPlacementGroupRemoved)
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, lost):
+            return True
+        # A task's code raised: what it raised counts (it may be a lost error of the tasks it awaited).
+        exc = exc.cause if isinstance(exc, errors.RayTaskError) else exc.__cause__
+    return False
 
 
 # -- the lost -----------------------------------------------------------------------------------------

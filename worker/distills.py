@@ -5,7 +5,6 @@ distills the job again (or fails it once out of attempts)."""
 
 from __future__ import annotations
 
-import logging
 import time
 from functools import partial
 
@@ -13,8 +12,6 @@ from jobs import distilling, scheduling
 from storage import leases
 from storage.leases import Heartbeat
 from worker.work import Task
-
-log = logging.getLogger("openft.controller")
 
 
 class DistillWork:
@@ -35,21 +32,15 @@ class DistillWork:
         """Distill one job while its heartbeat renews the lease; a stopping worker stops renewing,
         so the lease lapses and the next worker distills the job again."""
         ctx = self.ctl.ctx
+
+        def fail():
+            with ctx.db.session() as session:
+                distilling.failed(session, claim.job_id, claim.owner, int(time.time()), code="distill_failed",
+                                  message="Distilling training_file failed for another reason. Create the job "
+                                  "again, or call POST /v1/files/distill and create it on the files it makes.",
+                                  param="training_file")
+
         with Heartbeat(ctx.db, self.kind, claim.job_id, claim.owner, ctx.settings.run_lease_seconds,
                        stopping=self.ctl.stopping):
-            try:
-                distilling.distill_job(ctx, claim.job_id, claim.owner)
-            except Exception as exc:
-                log.error("distillation of %s failed: %s", claim.job_id, type(exc).__name__)
-
-                def fail():
-                    with ctx.db.session() as session:
-                        distilling.failed(session, claim.job_id, claim.owner, int(time.time()), code="distill_failed",
-                                          message="Distilling training_file failed for another reason. Create the job "
-                                          "again, or call POST /v1/files/distill and create it on the files it makes.",
-                                          param="training_file")
-
-                try:
-                    ctx.retrying(fail, "fail the distillation")
-                except Exception as again:  # the lease lapses and the next pass distills the job again
-                    log.error("distillation of %s could not record its end: %s", claim.job_id, type(again).__name__)
+            leases.drive(self.kind, claim.job_id, lambda: distilling.distill_job(ctx, claim.job_id, claim.owner),
+                         lambda: ctx.retrying(fail, "fail the distillation"))

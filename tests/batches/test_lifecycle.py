@@ -151,6 +151,38 @@ def test_the_lease_decides_who_drives_and_a_lost_driver_runs_it_again_once(world
     assert list(world.store.list(keys.batch_stage(batch_id))) == [] and batch_run.sweep_stages(world.ctx) == []
 
 
+def test_a_batch_whose_ray_process_is_lost_runs_again_and_its_own_failure_is_recorded(world, ray_cluster):
+    """CI saw a dying service's merge recorded as failed: its Ray node went first, and the worker's
+    thread still driving the work met NodeDiedError. `leases.drive` records no end for work Ray lost
+    (a real worker exit here); the thread ends, the next pass loses the row and it runs again."""
+    import os
+
+    @ray_cluster.remote(num_cpus=0, max_retries=0)
+    def ends_its_process():
+        os._exit(1)
+
+    @ray_cluster.remote(num_cpus=0, max_retries=0)
+    def raises():
+        raise ValueError("the work's own failure")
+
+    batch_id = world.batch(world.account())
+    [claim] = world.claim()
+    with world.db.session() as session:
+        transitions.begin(session, batch_id, claim.owner, NOW, billing_enabled=False, quote=None)
+    failed = []
+    leases.drive(transitions.BATCH, batch_id, lambda: ray_cluster.get(ends_its_process.remote()),
+                 lambda: failed.append(claim.owner))
+    row = world.get(batch_id)
+    assert (failed, row.status, row.lease_owner) == ([], "in_progress", claim.owner)
+    # Its thread has ended: the controller's next pass finds its own token not alive.
+    assert scheduling.reconcile(world.db, NOW, alive=set(), mine="ctl-test.") == [batch_id]
+    assert (world.get(batch_id).status, world.get(batch_id).lease_owner) == ("in_progress", None)
+    [again] = world.claim()
+    assert world.get(batch_id).attempts == 2
+    leases.drive(transitions.BATCH, batch_id, lambda: ray_cluster.get(raises.remote()), lambda: failed.append(again.owner))
+    assert failed == [again.owner]
+
+
 def test_a_cancel_reaches_a_running_driver_through_its_heartbeat(world):
     account = world.account()
     batch_id = world.batch(account)

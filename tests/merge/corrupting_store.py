@@ -1,10 +1,13 @@
-"""A local store that corrupts config.json on its way to disk: the seam for the read-back test.
+"""Local stores with a fault on the way to disk: one corrupts config.json (the read-back test), one
+ends the shard task's process as it starts writing its shard (a worker lost mid-merge).
 
 Its own small module because the shard tasks receive the store pickled, and Ray workers import
 the class's module (keeping peft and transformers out of them).
 """
 
 from __future__ import annotations
+
+import os
 
 from storage.objects import LocalObjectStore
 
@@ -38,3 +41,17 @@ class _Flipping:
 
     def __exit__(self, *exc):
         return self.inner.__exit__(*exc)
+
+
+class DyingStore(LocalObjectStore):
+    """Ends the process writing a shard, once it is not the one that made the store: the shard
+    task's Ray worker exits, as it does when its node goes down. The driver is never the one ended."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.maker_pid = os.getpid()
+
+    def writer(self, key):
+        if key.endswith(".safetensors") and os.getpid() != self.maker_pid:
+            os._exit(1)
+        return super().writer(key)

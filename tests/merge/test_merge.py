@@ -24,7 +24,7 @@ from merge.run import MergeRequest, _load_adapter, run_merge
 from merge.shard import merge_shard
 from storage.objects import open_object_store
 from tests.merge.builders import Adapter, failed_code, sharded_mirror, store_request, train_adapter
-from tests.merge.corrupting_store import CorruptingStore
+from tests.merge.corrupting_store import CorruptingStore, DyingStore
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 IDS = torch.tensor([[5, 17, 300, 2999, 42, 7, 1024, 64]])
@@ -189,6 +189,18 @@ def test_readback_mismatch_deletes_the_export(tmp_path, qwen7b, qwen7b_adapter, 
     assert failed_code(req, corrupting) == "merge_readback_mismatch"
     assert list(plain.list("exports/")) == []
     assert plain.exists("adapters/a1/adapter_config.json")
+
+
+def test_a_shard_worker_lost_interrupts_the_merge_and_leaves_nothing(tmp_path, qwen7b, qwen7b_adapter, model_cache):
+    """A shard task's process dies (Ray: WorkerCrashedError). That is the merge interrupted, queued
+    again by merge/worker.py, not failed: CI saw a dying service's merge recorded as failed with
+    NodeDiedError, its node gone before its controller's thread."""
+    base, _ = qwen7b
+    req = store_request(tmp_path, base, qwen7b_adapter, model_source="standin", cache_root=model_cache)
+    plain = open_object_store(*req.store_spec)
+    assert failed_code(req, DyingStore(plain.root, plain.url)) == "merge_interrupted"
+    assert list(plain.list("exports/")) == []
+    assert run_merge(req, plain).files  # the same request, on a worker that lives, merges
 
 
 def test_deadline_stops_the_merge(tmp_path, qwen7b, qwen7b_adapter, model_cache):
