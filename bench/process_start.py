@@ -7,6 +7,9 @@ system of the measured process, exec included):
   `serve_app.deployment`, the job controller's `worker.controller`) as it does now, against the same
   import after torch, transformers and ray.data, which both imported at start until
   catalog/model_source.py and its callers stopped (tests/test_layout.py keeps it so).
+- Adapter code: a fresh Python importing peft as a Train worker and a generation actor do now
+  (catalog/model_source.py `import_peft`: the bitsandbytes that peft imports does not compile its
+  CPU kernels at import) against a plain `import peft`, then train/lora.py and pipelines/generate.py.
 - Ray actors: a trivial actor started on a local Ray whose job has no `runtime_env`, as the service
   starts Ray now (entrypoints/ray_runtime.py), against one whose job carries `env_vars`, as it did:
   a worker started for a runtime_env goes through Ray's setup_worker.py, a second Python start. Each
@@ -36,6 +39,18 @@ _IMPORT = textwrap.dedent("""
     __import__(sys.argv[1])
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(usage.ru_utime + usage.ru_stime)  # the whole process: interpreter start, the heavy modules, the module
+""")
+
+_ADAPTER = textwrap.dedent("""
+    import resource, sys
+    if sys.argv[1] == "ours":
+        from catalog.model_source import import_peft
+        import_peft()
+    else:
+        import peft
+    import pipelines.generate, train.lora
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(usage.ru_utime + usage.ru_stime)
 """)
 
 _ACTORS = textwrap.dedent("""
@@ -70,6 +85,11 @@ def import_cpu(module: str, first: str) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def adapter_cpu(mode: str) -> float:
+    out = subprocess.run([sys.executable, "-c", _ADAPTER, mode], cwd=ROOT, capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
 def actor_cpu(mode: str, actors: int) -> float:
     out = subprocess.run([sys.executable, "-c", _ACTORS, mode, str(actors)], cwd=ROOT, capture_output=True, text=True,
                          check=True)  # fmt: skip
@@ -89,6 +109,11 @@ def main() -> None:
             ours.append(import_cpu(module, ""))
             before.append(import_cpu(module, HEAVY))
         result[name] = {"ours_cpu_s": round(statistics.median(ours), 2), "baseline_cpu_s": round(statistics.median(before), 2)}
+    ours, before = [], []
+    for _ in range(args.rounds):
+        ours.append(adapter_cpu("ours"))
+        before.append(adapter_cpu("plain"))
+    result["adapter code"] = {"ours_cpu_s": round(statistics.median(ours), 2), "baseline_cpu_s": round(statistics.median(before), 2)}
     ours, before = [], []
     for _ in range(args.rounds):
         ours.append(actor_cpu("plain", args.actors))

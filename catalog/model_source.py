@@ -15,6 +15,8 @@ Everything after `resolve_base_dir` is the same code for all three.
 
 from __future__ import annotations
 
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +25,8 @@ from typing import TYPE_CHECKING, Literal
 from catalog.bases import BaseModelSpec
 
 if TYPE_CHECKING:
+    from types import ModuleType
+
     import torch
     from transformers import PreTrainedTokenizerFast
 
@@ -90,6 +94,31 @@ def _mirror_dir(base: BaseModelSpec, root: Path) -> Path:
         f"The mirror {root} has neither {plain} nor {snapshot}; download {base.hf_repo} at revision "
         f"{base.revision} into one of them."
     )
+
+
+def import_peft() -> ModuleType:
+    """peft, for the code that applies or trains an adapter: the first import in a process goes
+    through here (under the import lock), so that the bitsandbytes it imports eagerly (peft.helpers)
+    imports without compiling. bitsandbytes wraps its CPU kernels in `torch.compile` at import,
+    which imports torch's compiler stack: 2.5 CPU-s of every process that imports peft (a Train
+    worker, a generation actor), 6.2 against 8.9 (`/usr/bin/time python -c "import torch,
+    transformers, peft"`, TORCHDYNAMO_DISABLE=1 or not). Those kernels then run eagerly: nothing
+    here compiles them, and on a GPU bitsandbytes runs its CUDA kernels instead."""
+    with _IMPORTING:
+        if "peft" not in sys.modules:
+            before = os.environ.get(_NO_COMPILE)
+            os.environ[_NO_COMPILE] = "1"  # read by torch.compile at each call (torch._dynamo.optimize)
+            try:
+                import peft  # noqa: F401
+            finally:
+                if before is None:
+                    del os.environ[_NO_COMPILE]
+                else:
+                    os.environ[_NO_COMPILE] = before
+    return sys.modules["peft"]
+
+
+_NO_COMPILE = "TORCHDYNAMO_DISABLE"
 
 
 def load_tokenizer(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> PreTrainedTokenizerFast:

@@ -142,10 +142,10 @@ def _compare(client, settings: Settings, model_name: str, held_out: list[tuple[s
 
 
 def _compare_with(client, settings: Settings, model_name: str, held_out: list[tuple[str, str]], adapter_dir: Path) -> int:
-    from peft import PeftModel
-
     from catalog.bases import get_base
-    from catalog.model_source import load_model, load_tokenizer, parse_model_source
+    from catalog.model_source import import_peft, load_model, load_tokenizer, parse_model_source
+
+    PeftModel = import_peft().PeftModel  # noqa: N806 (the class)
 
     for name in ADAPTER_FILES:
         response = httpx.get(f"{client.base_url}gridline/adapters/{model_name}/files/{name}",

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 
 from catalog.bases import BaseModelSpec
+from catalog.model_source import import_peft
 from pipelines.answer_format import AnswerConstraint
 from pipelines.engine import Engine, GenRequest, GenResult, SamplingParams, end_of_turn_ids
 from pipelines.lora_stack import StackedLora
@@ -136,8 +137,7 @@ class TransformersEngine:
         # hook per layer passes the step's names the same way. Layers an adapter added are hooked too.
         if not self._peft:
             return
-        from peft.tuners.lora import LoraLayer
-
+        LoraLayer = import_peft().tuners.lora.LoraLayer  # noqa: N806 (the class)
         for module in self.model.modules():
             if isinstance(module, LoraLayer) and id(module) not in self._hooked:
                 module.register_forward_pre_hook(self._inject_adapters, with_kwargs=True)
@@ -149,8 +149,7 @@ class TransformersEngine:
         """Load a peft-format adapter (its files by name) onto the base under `name`. Not while a
         `generate` or `DecodeLoop.advance` runs: the caller serialises them (online/engine.py runs
         both on its one engine thread)."""
-        from peft import PeftModel
-
+        PeftModel = import_peft().PeftModel  # noqa: N806 (the class)
         # peft names modules after adapters, so ours (`ft:...`, with dots) are loaded under aliases.
         alias = f"a{self._next_alias}"
         self._next_alias += 1

@@ -32,6 +32,8 @@ import functools
 import torch
 import torch.nn.functional as F
 
+from catalog.model_source import import_peft
+
 
 class StackedLora:
     """The stacked weights of one peft model's layers and the mask of the forward being run."""
@@ -49,9 +51,8 @@ class StackedLora:
 
     @staticmethod
     def supported(model) -> bool:
-        from peft.tuners.lora import LoraLayer
-        from peft.tuners.lora.layer import Linear
-
+        lora = import_peft().tuners.lora
+        LoraLayer, Linear = lora.LoraLayer, lora.layer.Linear  # noqa: N806 (classes)
         for module in model.modules():
             if not isinstance(module, LoraLayer):
                 continue
@@ -65,8 +66,7 @@ class StackedLora:
 
     def reset(self, model) -> None:
         """After adapters were added or removed: new slots, stacks rebuilt on next use, new layers patched."""
-        from peft.tuners.lora import LoraLayer
-
+        LoraLayer = import_peft().tuners.lora.LoraLayer  # noqa: N806 (the class)
         layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
         self.usable = self.supported(model)
         self.slots = {name: i for i, name in enumerate(sorted(getattr(model, "peft_config", {})))}

@@ -292,6 +292,29 @@ LIGHT_PROCESSES = ("serve_app.deployment", "worker.controller", "entrypoints.cli
 HEAVY_MODULES = ("torch", "transformers", "peft", "bitsandbytes", "ray.data")
 
 
+def _run_time(tree: ast.Module) -> ast.Module:
+    """The module without its `if TYPE_CHECKING:` blocks (imports for annotations only)."""
+    class Drop(ast.NodeTransformer):
+        def visit_If(self, node: ast.If):
+            return None if ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING") else self.generic_visit(node)
+
+    return Drop().visit(tree)
+
+
+def test_peft_is_imported_only_through_import_peft():
+    """catalog/model_source.py `import_peft` imports peft so that the bitsandbytes it pulls in does
+    not compile at import (1.4 CPU-s of every Train worker and generation actor, bench/process_start.py);
+    an import statement elsewhere could be a process's first and pay it."""
+    found = {}
+    for package in PACKAGES:
+        for path, tree in modules(package):
+            if path.relative_to(ROOT) == Path("catalog/model_source.py"):
+                continue
+            if hits := sorted(m for m in imported(_run_time(tree)) if m.split(".")[0] == "peft"):
+                found[str(path.relative_to(ROOT))] = hits
+    assert found == {}, found
+
+
 def test_the_api_the_controller_and_the_cli_start_without_model_or_dataset_libraries():
     import subprocess
     import sys

@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from peft import get_peft_model, set_peft_model_state_dict
 from transformers import AutoModelForCausalLM
 
 from catalog.bases import BaseModelSpec
-from catalog.model_source import load_model, parse_model_source, resolve_base_dir
+from catalog.model_source import import_peft, load_model, parse_model_source, resolve_base_dir
 from merge.adapter import validate_adapter
 from merge.plan import build_plan, pinned_digests
 from merge.shard import copy_file, merge_shard
@@ -50,9 +49,10 @@ def device_and_dtype() -> tuple[torch.device, torch.dtype]:
 
 def training_model(base: BaseModelSpec, model_source: str, cache_root: Path, weights: bytes, rank: int, alpha: int):
     device, dtype = device_and_dtype()
+    peft = import_peft()
     model = load_model(base, parse_model_source(model_source), cache_root, dtype=dtype).to(device)
-    peft_model = get_peft_model(model, lora_config_for(rank, alpha, base))
-    result = set_peft_model_state_dict(peft_model, read_adapter_weights(weights))
+    peft_model = peft.get_peft_model(model, lora_config_for(rank, alpha, base))
+    result = peft.set_peft_model_state_dict(peft_model, read_adapter_weights(weights))
     missing = [k for k in result.missing_keys if "lora_" in k]
     if missing or result.unexpected_keys:
         raise ValueError("the adapter's tensors do not match the job's LoRA modules")

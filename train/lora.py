@@ -28,16 +28,19 @@ import contextlib
 import io
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model, prepare_model_for_kbit_training
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
 from catalog.bases import BaseModelSpec
-from catalog.model_source import load_model, parse_model_source
+from catalog.model_source import import_peft, load_model, parse_model_source
 from openft.errors import TrainingError
 from train.config import TrainJob
+
+if TYPE_CHECKING:
+    from peft import LoraConfig, PeftModel
 
 _DENSE = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 TARGET_MODULES: dict[str, list[str]] = {
@@ -74,7 +77,7 @@ def lora_config(job: TrainJob, base: BaseModelSpec) -> LoraConfig:
 
 def lora_config_for(rank: int, alpha: int, base: BaseModelSpec) -> LoraConfig:
     """The one LoRA config training uses (train/parity.py rebuilds the training-time model with it)."""
-    return LoraConfig(
+    return import_peft().LoraConfig(
         r=rank,
         lora_alpha=alpha,
         lora_dropout=0.0,
@@ -88,6 +91,7 @@ def lora_config_for(rank: int, alpha: int, base: BaseModelSpec) -> LoraConfig:
 
 def build_model(job: TrainJob, base: BaseModelSpec, device: torch.device) -> PeftModel:
     """The base with a fresh adapter, on `device`. Seeds torch first: the adapter's lora_A init is random."""
+    peft = import_peft()  # before a 4-bit load imports bitsandbytes (catalog/model_source.py says why)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     source = parse_model_source(job.model_source)
     if job.adapter == "qlora":
@@ -98,7 +102,7 @@ def build_model(job: TrainJob, base: BaseModelSpec, device: torch.device) -> Pef
             raise TrainingError(
                 "training_failed", f"QLoRA could not load {base.id} in 4-bit NF4 on {device.type} ({type(exc).__name__})."
             ) from exc
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=job.max_seq_length > LONG_CONTEXT)
+        model = peft.prepare_model_for_kbit_training(model, use_gradient_checkpointing=job.max_seq_length > LONG_CONTEXT)
     else:
         model = load_model(base, source, Path(job.cache_root), dtype=dtype)
         if job.max_seq_length > LONG_CONTEXT:
@@ -108,7 +112,7 @@ def build_model(job: TrainJob, base: BaseModelSpec, device: torch.device) -> Pef
     if job.adapter != "qlora" or device.type == "cuda":
         model.to(device)  # bitsandbytes places 4-bit weights itself on GPU; on CPU they stay put
     torch.manual_seed(job.seed)
-    peft_model = get_peft_model(model, lora_config(job, base))
+    peft_model = peft.get_peft_model(model, lora_config(job, base))
     peft_model.to(device)
     return peft_model.train()  # from_pretrained returns eval mode; see the module docstring for why it stays in train
 
@@ -144,9 +148,7 @@ def load_adapter_weights(model: PeftModel, weights: dict[str, torch.Tensor]) -> 
 def adapter_files(model: PeftModel, base: BaseModelSpec) -> dict[str, bytes]:
     """peft's standard adapter_model.safetensors and adapter_config.json; the config names our base id
     (`base_model_name_or_path`) and its pinned `revision`."""
-    from peft.utils import get_peft_model_state_dict
-
-    weights = {k: v.detach().to("cpu").contiguous() for k, v in get_peft_model_state_dict(model).items()}
+    weights = {k: v.detach().to("cpu").contiguous() for k, v in import_peft().get_peft_model_state_dict(model).items()}
     config = model.peft_config["default"].to_dict()
     config["base_model_name_or_path"] = base.id
     config["revision"] = base.revision
