@@ -256,7 +256,7 @@ def drive(kind: Kind, row_id: str, work: Callable[[], None], fail: Callable[[], 
 
 
 def lost_by_ray(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it was raised from, is Ray losing a process or node the work
+    """Whether `exc`, or an exception it was raised from or while handling, is Ray losing a process or node the work
     ran on (a task's worker or node died, an actor, an object or the local raylet was lost, a
     worker was killed for memory), not the work's own code raising, a timeout, or a cancel. A dying
     service does this to its own work first: its Ray node goes while the worker's threads still run
@@ -272,8 +272,10 @@ def lost_by_ray(exc: BaseException) -> bool:
         seen.add(id(exc))
         if isinstance(exc, lost):
             return True
-        # A task's code raised: what it raised counts (it may be a lost error of the tasks it awaited).
-        exc = exc.cause if isinstance(exc, errors.RayTaskError) else exc.__cause__
+        if isinstance(exc, errors.RayTaskError):  # a task's code raised: what it raised counts
+            exc = exc.cause
+        else:  # raised from it, or while handling it (a cleanup that met the same dying Ray)
+            exc = exc.__cause__ or (None if exc.__suppress_context__ else exc.__context__)
     return False
 
 
