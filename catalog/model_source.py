@@ -96,18 +96,20 @@ def _mirror_dir(base: BaseModelSpec, root: Path) -> Path:
     )
 
 
+_NO_COMPILE = "TORCHDYNAMO_DISABLE"  # read by torch.compile at each call (torch._dynamo.optimize)
+
+
 def import_peft() -> ModuleType:
     """peft, for the code that applies or trains an adapter: the first import in a process goes
     through here (under the import lock), so that the bitsandbytes it imports eagerly (peft.helpers)
     imports without compiling. bitsandbytes wraps its CPU kernels in `torch.compile` at import,
-    which imports torch's compiler stack: 2.5 CPU-s of every process that imports peft (a Train
-    worker, a generation actor), 6.2 against 8.9 (`/usr/bin/time python -c "import torch,
-    transformers, peft"`, TORCHDYNAMO_DISABLE=1 or not). Those kernels then run eagerly: nothing
-    here compiles them, and on a GPU bitsandbytes runs its CUDA kernels instead."""
+    which imports torch's compiler stack: 1.4 CPU-s of every process that imports peft (a Train
+    worker, a generation actor; 6.60 against 8.03, bench/process_start.py). Those kernels then run
+    eagerly: nothing here compiles them, and on a GPU bitsandbytes runs its CUDA kernels instead."""
     with _IMPORTING:
         if "peft" not in sys.modules:
             before = os.environ.get(_NO_COMPILE)
-            os.environ[_NO_COMPILE] = "1"  # read by torch.compile at each call (torch._dynamo.optimize)
+            os.environ[_NO_COMPILE] = "1"
             try:
                 import peft  # noqa: F401
             finally:
@@ -116,9 +118,6 @@ def import_peft() -> ModuleType:
                 else:
                     os.environ[_NO_COMPILE] = before
     return sys.modules["peft"]
-
-
-_NO_COMPILE = "TORCHDYNAMO_DISABLE"
 
 
 def load_tokenizer(base: BaseModelSpec, source: ModelSource, cache_root: Path) -> PreTrainedTokenizerFast:

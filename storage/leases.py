@@ -246,7 +246,8 @@ def drive(kind: Kind, row_id: str, work: Callable[[], None], fail: Callable[[], 
     except Exception as exc:
         if lost_by_ray(exc):
             # Not the work's failure: reconciliation requeues it (an attempt more, `exhausted_code` at the cap).
-            log.warning("%s %s: Ray lost a process it ran on (%s); it runs again", kind.name, row_id, type(exc).__name__)
+            log.warning("%s %s: Ray lost a process it ran on (%s); it runs again", kind.name, row_id,
+                        type(exc).__name__)
             return
         log.error("%s %s failed: %s", kind.name, row_id, type(exc).__name__)
         try:
@@ -256,11 +257,12 @@ def drive(kind: Kind, row_id: str, work: Callable[[], None], fail: Callable[[], 
 
 
 def lost_by_ray(exc: BaseException) -> bool:
-    """Whether `exc`, or an exception it was raised from or while handling, is Ray losing a process or node the work
-    ran on (a task's worker or node died, an actor, an object or the local raylet was lost, a
-    worker was killed for memory), not the work's own code raising, a timeout, or a cancel. A dying
-    service does this to its own work first: its Ray node goes while the worker's threads still run
-    (tests/faults), and a failure they recorded then would outlive the restart that runs it again."""
+    """Whether `exc`, or an exception it was raised from or while handling, is Ray losing a process
+    or node the work ran on (a task's worker or node died, an actor, an object or the local raylet
+    was lost, a worker was killed for memory), not the work's own code raising, a timeout, or a
+    cancel. A dying service does this to its own work first: its Ray node goes while the worker's
+    threads still run (tests/faults), and a failure they recorded then would outlive the restart
+    that runs it again."""
     errors = sys.modules.get("ray.exceptions")
     if errors is None:  # Ray was never imported here: nothing raised can be Ray's
         return False

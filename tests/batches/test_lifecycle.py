@@ -179,7 +179,8 @@ def test_a_batch_whose_ray_process_is_lost_runs_again_and_its_own_failure_is_rec
     assert (world.get(batch_id).status, world.get(batch_id).lease_owner) == ("in_progress", None)
     [again] = world.claim()
     assert world.get(batch_id).attempts == 2
-    leases.drive(transitions.BATCH, batch_id, lambda: ray_cluster.get(raises.remote()), lambda: failed.append(again.owner))
+    leases.drive(transitions.BATCH, batch_id, lambda: ray_cluster.get(raises.remote()),
+                 lambda: failed.append(again.owner))
     assert failed == [again.owner]
 
 
