@@ -42,7 +42,7 @@ RUNNABLE = ("validating", "in_progress")  # what a driver may claim to run (in_p
 # A batch's driver: run from the start once more after a lost one, then `batch_interrupted`. A
 # finalizing batch with no lease lost its driver between its last line and its files.
 BATCH = Kind("batch", Batch, "b", max_attempts=2, exhausted_code="batch_interrupted",
-             needs_lease=Batch.status == "finalizing")
+             needs_lease=Batch.status == "finalizing", pending=Batch.status.in_(("cancelling", *RUNNABLE)))
 
 
 def batch_error(code: str, message: str, param: str | None = None, line: int | None = None) -> dict:

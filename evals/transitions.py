@@ -29,7 +29,7 @@ from storage.models import EvalOutputItem, EvalRun
 from webhooks import events, outbox
 
 EVAL_RUN = Kind("eval_run", EvalRun, "e", max_attempts=2, exhausted_code="eval_run_interrupted",
-                needs_lease=EvalRun.status == "in_progress")
+                needs_lease=EvalRun.status == "in_progress", pending=EvalRun.status == "queued")
 
 
 def add_new(session: Session, run: EvalRun, now: int) -> None:

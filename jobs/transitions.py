@@ -57,11 +57,13 @@ DISTILLING = "distilling"  # the reason of a distill-shortcut job until its deri
 _DISTILLING = (Job.reason == DISTILLING)
 # A run: what the run cap and "one run per account" count. Two attempts: the first run and one
 # retry from the last checkpoint; a run lost with no attempt left fails `platform_interrupted`.
+# Its pass starts queued jobs and expires every job that waited too long, a distill's included.
 RUN = Kind("run", Job, "r", max_attempts=2, exhausted_code="platform_interrupted",
-           scope=or_(Job.reason.is_(None), ~_DISTILLING), needs_lease=Job.status == "running")
+           scope=or_(Job.reason.is_(None), ~_DISTILLING), needs_lease=Job.status == "running",
+           pending=Job.status.in_(("validating_files", "queued")))
 # A distiller of a distill-shortcut job: not a run (it holds no training worker).
 DISTILL = Kind("distill", Job, "d", max_attempts=2, exhausted_code="platform_interrupted", attempts="distill_attempts",
-               scope=_DISTILLING)
+               scope=_DISTILLING, pending=(Job.status == "validating_files") & _DISTILLING)
 
 
 def job_error(code: str, message: str, param: str | None = None) -> dict:

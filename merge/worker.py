@@ -46,7 +46,7 @@ log = logging.getLogger("openft.merge")
 
 EXPORT_TTL_S = 7 * 86400
 MERGE = Kind("merge", Merge, "m", max_attempts=3, exhausted_code="merge_attempts_exhausted",
-             needs_lease=Merge.status == "running")
+             needs_lease=Merge.status == "running", pending=Merge.status == "queued")
 
 
 @dataclass(frozen=True)

@@ -91,6 +91,12 @@ class Settings(BaseSettings):
     )
     max_concurrent_runs: int = Field(1, description="Training runs the controller keeps going at once.")
     controller_poll_seconds: float = Field(1.0, description="How often the job controller looks for work.")
+    controller_sweep_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="How often the job controller cleans up after ended work (expired exports' objects, ended batches' "
+        "stages, stopped runs' placement groups) and updates the openft_jobs gauge.",
+    )
     train_data_cpus: float = Field(
         1.0,
         description="CPUs the controller keeps free beside the Train workers for the Ray Data tasks that feed them; "

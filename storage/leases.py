@@ -37,7 +37,9 @@ Adding a kind of background work (an eval run, a reinforcement job):
    column (a migration);
 2. its package declares the kind, as data, e.g.
        EVAL = Kind("eval", EvalRun, "e", max_attempts=2, exhausted_code="eval_interrupted",
-                   needs_lease=EvalRun.status == "running")
+                   needs_lease=EvalRun.status == "running", pending=EvalRun.status == "queued")
+   (`pending`: every status with no lease that its claim pass acts on; the controller passes over
+   a kind with no such row and none leased, `due_kinds`)
 3. its transitions module writes its own states: a claim (`claim` with its `ready`, then its own
    status change), `lose(session, row, now)` (`release`, then requeue, or fail with
    `exhausted_code` once `exhausted`), and its ends, each starting with `owned` and calling
@@ -59,7 +61,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import ColumnElement, false, or_, select, update
+from sqlalchemy import ColumnElement, exists, false, or_, select, update
 from sqlalchemy.orm import Session
 
 from storage.db import Database
@@ -97,6 +99,7 @@ class Kind:
     attempts: str = "attempts"  # the column counting the leases taken (a claim adds one)
     scope: ColumnElement | None = None  # which of the model's rows this kind leases (a table shared by two kinds)
     needs_lease: ColumnElement | None = None  # statuses in which a row with no lease is lost (nothing drives it)
+    pending: ColumnElement | None = None  # statuses in which a row with no lease waits on the kind's claim pass
 
     def held(self) -> ColumnElement:
         """Rows of this kind a lease holds."""
@@ -107,6 +110,21 @@ class Kind:
         """Rows `reconcile` looks at: leased ones, and those in a status that needs a lease."""
         orphaned = false() if self.needs_lease is None else self.model.lease_owner.is_(None) & self.needs_lease
         return or_(self.held(), orphaned)
+
+    def due(self) -> ColumnElement:
+        """Rows a pass of this kind could act on: `candidates()`, and rows with no lease that its
+        claim pass looks at (`pending`: queued, cancelling, waiting past a limit)."""
+        waiting = false() if self.pending is None else self.model.lease_owner.is_(None) & self.pending
+        return or_(self.candidates(), waiting)
+
+
+def due_kinds(session: Session, kinds: Iterable[Kind]) -> set[str]:
+    """The names of the `kinds` with a row that a pass could act on (`Kind.due`), in one query. A kind
+    with none has nothing to reconcile or claim: its pass, a dozen statements and the scheduler's
+    lock (a write on SQLite), would change nothing."""
+    kinds = list(kinds)
+    found = session.execute(select(*(exists().where(kind.due()).label(kind.name) for kind in kinds))).one()
+    return {kind.name for kind, hit in zip(kinds, found) if hit}
 
 
 def new_owner(worker_id: str, kind: Kind) -> str:

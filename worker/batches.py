@@ -22,9 +22,10 @@ class BatchWork:
         self.ctl = ctl
 
     def reconcile(self, now: int, alive: set[str], mine: str) -> list[str]:
-        lost = batch_scheduling.reconcile(self.ctl.db, now, alive=alive, mine=mine)
+        return batch_scheduling.reconcile(self.ctl.db, now, alive=alive, mine=mine)
+
+    def sweep(self, now: int) -> None:
         batch_run.sweep_stages(self.ctl.ctx)  # the stages of batches that ended without their driver
-        return lost
 
     def claim(self, now: int) -> list[Task]:
         claims = batch_scheduling.claim_batches(self.ctl.db, now, settings=self.ctl.settings, fit=self.fit,

@@ -23,6 +23,9 @@ class DistillWork:
     def reconcile(self, now: int, alive: set[str], mine: str) -> list[str]:
         return scheduling.reconcile_distills(self.ctl.db, now, alive=alive, mine=mine)
 
+    def sweep(self, now: int) -> None:
+        pass  # a distill leaves only its job's files, which go with the job
+
     def claim(self, now: int) -> list[Task]:
         claims = scheduling.claim_distills(self.ctl.db, now, settings=self.ctl.settings,
                                            new_owner=lambda: leases.new_owner(self.ctl.id, self.kind))

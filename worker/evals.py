@@ -22,6 +22,9 @@ class EvalRunWork:
     def reconcile(self, now: int, alive: set[str], mine: str) -> list[str]:
         return eval_scheduling.reconcile(self.ctl.db, now, alive=alive, mine=mine)
 
+    def sweep(self, now: int) -> None:
+        pass  # an ended run leaves only rows, whose retention is the API's (serve_app/services/retention.py)
+
     def claim(self, now: int) -> list[Task]:
         claims = eval_scheduling.claim_runs(self.ctl.db, now, settings=self.ctl.settings, fit=self.fit,
                                             new_owner=lambda: leases.new_owner(self.ctl.id, self.kind))

@@ -18,8 +18,10 @@ class MergeWork:
         self.ctl = ctl
 
     def reconcile(self, now: int, alive: set[str], mine: str) -> list[str]:
-        merges.expire_exports(self.ctl.db, self.ctl.store, now=now)
         return merges.reconcile(self.ctl.ctx, now, alive=alive, mine=mine)
+
+    def sweep(self, now: int) -> None:
+        merges.expire_exports(self.ctl.db, self.ctl.store, now=now)
 
     def claim(self, now: int) -> list[Task]:
         claims = merges.claim_pending_merges(self.ctl.db, now=now, lease_s=self.ctl.settings.run_lease_seconds,

@@ -72,11 +72,13 @@ class RunWork:
         lost = scheduling.reconcile(self.ctl.db, now, alive=alive, mine=mine)
         for run in lost:
             remove_placement_group(run.placement_group)
+        return [run.job_id for run in lost]
+
+    def sweep(self, now: int) -> None:
         try:
             remove_orphans()  # the groups of runs stopped before their worker recorded them (train/placement.py)
-        except Exception as exc:  # the GCS is briefly unreachable: the next pass sweeps again
+        except Exception as exc:  # the GCS is briefly unreachable: the next sweep tries again
             log.warning("placement group sweep failed: %s", type(exc).__name__)
-        return [run.job_id for run in lost]
 
     def claim(self, now: int) -> list[Task]:
         scheduling.expire_waiting(self.ctl.db, now, self.settings.capacity_wait_limit_seconds)

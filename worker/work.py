@@ -20,13 +20,17 @@ class Task:
 
 class Work(Protocol):
     """One kind of background work, as the controller's tick runs it: `reconcile` loses what nothing
-    drives (storage/leases.py `reconcile` with the kind's `lose`, plus any sweep of its own) and
-    returns the ids of the rows lost; `claim` claims what may start now, each claim under a token
-    of `leases.new_owner(controller id, kind)`, and returns a task per claim, whose `run` drives
-    it under a `Heartbeat`."""
+    drives (storage/leases.py `reconcile` with the kind's `lose`) and returns the ids of the rows
+    lost; `claim` claims what may start now, each claim under a token of
+    `leases.new_owner(controller id, kind)`, and returns a task per claim, whose `run` drives it
+    under a `Heartbeat`. The tick calls both only while the kind has a row they could act on
+    (`Kind.due`). `sweep` cleans up after work that ended (objects, stages, placement groups): it
+    runs every `controller_sweep_seconds`, whether or not the kind has rows due."""
 
     kind: Kind
 
     def reconcile(self, now: int, alive: set[str], mine: str) -> list[str]: ...
 
     def claim(self, now: int) -> list[Task]: ...
+
+    def sweep(self, now: int) -> None: ...

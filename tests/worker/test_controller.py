@@ -11,9 +11,10 @@ import threading
 import time
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import event, func, select
 
 from jobs import scheduling, transitions
+from storage.leases import due_kinds
 from storage.models import Job, JobEvent
 from tests.factories import db_account, db_create_job, db_training_file
 from tests.utils.polling import until
@@ -91,6 +92,46 @@ def test_one_pass_starts_one_run_for_two_accounts_under_the_default_cap(backend,
     ended(db, first)
     assert until(lambda: ctl.tick(), "start of the second job") == [second]
     assert ended(db, second).status == "succeeded"
+
+
+def statements(ctl: Controller, during) -> list[str]:
+    """The SQL statements `during()` sends on the controller's database (SQLite's BEGIN IMMEDIATE aside)."""
+    sent: list[str] = []
+
+    def record(conn, cursor, statement, *args):
+        if not statement.startswith("BEGIN"):
+            sent.append(statement)
+
+    event.listen(ctl.db.engine, "before_cursor_execute", record)
+    try:
+        during()
+    finally:
+        event.remove(ctl.db.engine, "before_cursor_execute", record)
+    return sent
+
+
+def test_an_idle_pass_is_one_query_and_a_kind_with_work_is_passed_again(backend, controllers, ray_cluster):
+    """Issue 23: an idle pass reconciled and claimed every kind (26 statements, five of them taking
+    the scheduler's lock, on SQLite a write each) every 0.3 s of every suite. Now one query says which
+    kinds have a row due, and only those are passed; the sweeps keep their own clock."""
+    settings, db = backend(controller_sweep_seconds=3600)
+    ctl = controllers(settings, ScriptedRuns(steps=400, step_s=0.02))
+    assert ctl.tick() == []  # the first pass sweeps
+    idle = statements(ctl, ctl.tick)
+    assert len(idle) == 1 and idle[0].lstrip().upper().startswith("SELECT"), idle
+    with db.session() as session:
+        assert due_kinds(session, [w.kind for w in ctl.work]) == set()
+
+    _, job = new_job(db)
+    with db.session() as session:
+        assert due_kinds(session, [w.kind for w in ctl.work]) == {"run"}  # queued
+    assert ctl.tick() == [job]
+    with db.session() as session:
+        assert due_kinds(session, [w.kind for w in ctl.work]) == {"run"}  # leased: reconciled each pass
+    assert len(statements(ctl, ctl.tick)) > 1
+    assert ended(db, job).status == "succeeded"
+    until(lambda: not ctl.active_runs(), "the run's thread to end")
+    assert len(statements(ctl, ctl.tick)) == 1
 
 
 @pytest.mark.parametrize("overrides", [
