@@ -156,7 +156,6 @@ def run_training(
     it (a local directory would be the driver's alone), and the reaper deletes it with the job's copies.
     """
     import ray.train
-    from ray.train.torch import TorchTrainer
 
     from pipelines.tokenize import load_ref, tokenized_dataset
     from storage import keys
@@ -172,7 +171,7 @@ def run_training(
             datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix, name=f"{job.job_id} eval")
     file_rows = load_ref(store, job.train_prefix).report["rows"]
     storage_fs, storage_path = arrow_location(job.store_spec, keys.train_runs(job.job_id))
-    trainer = TorchTrainer(
+    trainer = trainer_class()(
         train_worker,
         train_loop_config={"job": job, "reporter_factory": reporter_factory, "file_rows": file_rows},
         scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
@@ -198,6 +197,25 @@ def run_training(
     out = result.return_value
     error = TrainingError(**out["error"]) if out["error"] else None
     return TrainOutcome(out["status"], out["result"], error)
+
+
+def trainer_class():
+    """Ray Train's `TorchTrainer`, without its datasets callback for a run given no datasets (a job's
+    rows read from the store, as every job below `TrainJob.ray_data_reads`'s size is): Ray Train 2.60
+    starts a `DatasetManager` actor for every run, datasets or not, a process that imports Ray Data
+    and that such a run never asks for a shard (bench/train_start.py: about 1 CPU-s of a minimal
+    run's 11)."""
+    from ray.train.torch import TorchTrainer
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+
+    class Trainer(TorchTrainer):
+        def _create_default_callbacks(self):
+            callbacks = super()._create_default_callbacks()
+            if self.datasets:
+                return callbacks
+            return [callback for callback in callbacks if not isinstance(callback, DatasetsCallback)]
+
+    return Trainer
 
 
 def worker_lost(exc: BaseException) -> bool:
