@@ -110,6 +110,11 @@ def statements(ctl: Controller, during) -> list[str]:
     return sent
 
 
+def due(ctl: Controller) -> set[str]:
+    with ctl.db.session() as session:
+        return due_kinds(session, [work.kind for work in ctl.work])
+
+
 def test_an_idle_pass_is_one_query_and_a_kind_with_work_is_passed_again(backend, controllers, ray_cluster):
     """Issue 23: an idle pass reconciled and claimed every kind (26 statements, five of them taking
     the scheduler's lock, on SQLite a write each) every 0.3 s of every suite. Now one query says which
@@ -119,15 +124,12 @@ def test_an_idle_pass_is_one_query_and_a_kind_with_work_is_passed_again(backend,
     assert ctl.tick() == []  # the first pass sweeps
     idle = statements(ctl, ctl.tick)
     assert len(idle) == 1 and idle[0].lstrip().upper().startswith("SELECT"), idle
-    with db.session() as session:
-        assert due_kinds(session, [w.kind for w in ctl.work]) == set()
+    assert due(ctl) == set()
 
     _, job = new_job(db)
-    with db.session() as session:
-        assert due_kinds(session, [w.kind for w in ctl.work]) == {"run"}  # queued
+    assert due(ctl) == {"run"}  # queued
     assert ctl.tick() == [job]
-    with db.session() as session:
-        assert due_kinds(session, [w.kind for w in ctl.work]) == {"run"}  # leased: reconciled each pass
+    assert due(ctl) == {"run"}  # leased: reconciled each pass
     assert len(statements(ctl, ctl.tick)) > 1
     assert apply(db, transitions.cancel, job).ok  # not its 8 s of steps: the run ends at its next beat
     assert ended(db, job).status == "cancelled"
