@@ -200,20 +200,24 @@ def run_training(
 
 
 def trainer_class():
-    """Ray Train's `TorchTrainer`, without its datasets callback for a run given no datasets (a job's
-    rows read from the store, as every job below `TrainJob.ray_data_reads`'s size is): Ray Train 2.60
-    starts a `DatasetManager` actor for every run, datasets or not, a process that imports Ray Data
-    and that such a run never asks for a shard (bench/train_start.py: about 1 CPU-s of a minimal
-    run's 11)."""
+    """Ray Train's `TorchTrainer` less two helper actors, each a process of its own per run:
+
+    - the `DatasetManager` of its datasets callback, for a run given no datasets (a job's rows read
+      from the store, as every job below `TrainJob.ray_data_reads`'s size is): Ray Train 2.60 starts
+      one for every run, a process importing Ray Data that such a run never asks for a shard;
+    - the `PlacementGroupCleaner`, a detached actor per run that removes the run's placement group
+      if Ray Train's controller dies: the job controller's sweep does that for every run, whatever
+      stopped it (train/placement.py `remove_orphans`, every `controller_sweep_seconds`).
+
+    bench/train_start.py measures a minimal run with and without them."""
     from ray.train.torch import TorchTrainer
     from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
-            callbacks = super()._create_default_callbacks()
-            if self.datasets:
-                return callbacks
-            return [callback for callback in callbacks if not isinstance(callback, DatasetsCallback)]
+            dropped = (PlacementGroupCleanerCallback,) if self.datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+            return [callback for callback in super()._create_default_callbacks() if not isinstance(callback, dropped)]
 
     return Trainer
 

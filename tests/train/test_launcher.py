@@ -1,5 +1,7 @@
-"""train/launcher.py's trainer: Ray Train's own callbacks, less the datasets one for a run given no
-datasets (issue 23: a `DatasetManager` actor per run that such a run never asks for a shard)."""
+"""train/launcher.py's trainer: Ray Train's own callbacks, less the placement group cleaner's (the job
+controller's sweep removes a stopped run's group: tests/train/test_placement.py) and, for a run given
+no datasets, the datasets one (issue 23: a helper actor per run, a process each, that such a run
+never needs)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,16 @@ def _callbacks(trainer_cls, tmp_path, datasets):
 
 
 @pytest.mark.usefixtures("ray_cluster")
-def test_a_run_without_datasets_starts_no_dataset_manager_and_one_with_them_keeps_it(tmp_path):
+def test_a_run_starts_no_placement_group_cleaner_and_no_dataset_manager_unless_given_datasets(tmp_path):
     import ray.data
     from ray.train.torch import TorchTrainer
 
     from train.launcher import trainer_class
 
     stock = _callbacks(TorchTrainer, tmp_path, None)
-    assert "DatasetsCallback" in stock  # what Ray Train 2.60 adds to every run, datasets or not
-    assert _callbacks(trainer_class(), tmp_path, None) == stock - {"DatasetsCallback"}
+    # What Ray Train 2.60 adds to every run, datasets or not.
+    assert {"DatasetsCallback", "PlacementGroupCleanerCallback"} <= stock
+    assert _callbacks(trainer_class(), tmp_path, None) == stock - {"DatasetsCallback", "PlacementGroupCleanerCallback"}
     rows = {"train": ray.data.from_items([{"line": 0}])}
-    assert _callbacks(trainer_class(), tmp_path, rows) == _callbacks(TorchTrainer, tmp_path, rows) == stock
+    assert _callbacks(TorchTrainer, tmp_path, rows) == stock
+    assert _callbacks(trainer_class(), tmp_path, rows) == stock - {"PlacementGroupCleanerCallback"}
