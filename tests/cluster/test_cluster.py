@@ -5,8 +5,8 @@ model and a distillation of its results. Each stage's Ray tasks and actors are l
 head's state API and printed with the node they ran on: the API replicas and the job controller
 on the head, every task or actor that took a CPU or a `trainer` on a worker node.
 
-The same flow first runs on a one-node Ray (`openft serve` starting its own, the laptop setup),
-and every deterministic result must be byte-identical: the tokenized shards, the adapter (CPU,
+The same flow runs on a one-node Ray too (`openft serve` starting its own, the laptop setup),
+beside the cluster's, and every deterministic result must be byte-identical: the tokenized shards, the adapter (CPU,
 same seed), the merged weights, the batch's completions and the distilled files.
 """
 
@@ -17,6 +17,7 @@ import io
 import json
 import time
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
@@ -122,26 +123,34 @@ def _batch_ended(client, batch_id: str):
 
 # -- the one-node reference and the cluster run ---------------------------------------------------
 @pytest.fixture(scope="session")
-def reference(seaweed, cluster_bucket) -> Outcome:
-    """The flow on a one-node Ray that `openft serve` starts itself (SQLite, 2 CPUs), stopped
-    before the cluster starts: the two never hold the machine's memory at once."""
+def reference(seaweed, cluster_bucket):
+    """The flow on a one-node Ray that `openft serve` starts itself (SQLite, 2 CPUs), in a thread of
+    its own beside the cluster's start and the cluster's flow (`on_cluster`): the two share nothing
+    but the S3 server, each under a prefix of its own, and the suite waits on Ray's starts and on
+    job polls much of the time (test-cluster kept the machine 60 % busy with one flow after the
+    other). A future: `.result()` is the flow's `Outcome`, or raises what the flow raised."""
     data_dir = SESSION_DIR / "reference"
     env = service_env(data_dir, OPENFT_TRAIN_WORKER_RESOURCES='{"CPU": 1}', **s3_settings(seaweed, cluster_bucket, "reference"))
     data_dir.mkdir()
-    with serving(env, SESSION_DIR / "reference-serve.log") as service:
-        outcome = run_flow(service)
-    print(f"\none-node reference flow: {outcome.seconds:.0f} s")
-    return outcome
+
+    def flow() -> Outcome:
+        with serving(env, SESSION_DIR / "reference-serve.log") as service:
+            outcome = run_flow(service)
+        print(f"\none-node reference flow: {outcome.seconds:.0f} s")
+        return outcome
+
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="reference") as pool:
+        yield pool.submit(flow)  # leaving waits for the flow and its service's stop
 
 
 @pytest.fixture(scope="module")
-def on_cluster(reference, cluster, cluster_db, seaweed, cluster_bucket):  # the reference first: session fixtures in order
+def on_cluster(reference, cluster, cluster_db, seaweed, cluster_bucket):  # the reference first: it starts the thread
     env = cluster_service_env(cluster, "cluster", cluster_db, seaweed, cluster_bucket,
                               OPENFT_TRAIN_WORKER_RESOURCES='{"CPU": 1, "trainer": 1}')
     with serving(env, SESSION_DIR / "cluster-serve.log") as service:
         outcome = run_flow(service)
         print(f"\ncluster flow: {outcome.seconds:.0f} s")
-        yield outcome, placements(cluster)
+        yield outcome, placements(cluster), reference.result(timeout=900)
 
 
 @dataclass
@@ -187,7 +196,7 @@ def show(stage: str, found: list[Placed], match) -> set[str]:
 
 # -- the tests ------------------------------------------------------------------------------------
 def test_every_stage_runs_on_the_worker_nodes_and_the_service_on_the_head(on_cluster):
-    outcome, found = on_cluster
+    outcome, found, _ = on_cluster
     job_id = outcome.job.id
     print()
     assert show("api", found, lambda p: p.kind == "actor" and "openft-api" in p.name) == {"head"}
@@ -204,8 +213,8 @@ def test_every_stage_runs_on_the_worker_nodes_and_the_service_on_the_head(on_clu
     assert where(heavy, lambda p: True) == workers
 
 
-def test_results_on_the_cluster_are_byte_identical_to_one_node(on_cluster, reference):
-    outcome, _ = on_cluster
+def test_results_on_the_cluster_are_byte_identical_to_one_node(on_cluster):
+    outcome, _, reference = on_cluster
     print(f"\n{len(reference.digests)} results compared; the first few:")
     for name in sorted(reference.digests)[:8]:
         print(f"  {name}: {reference.digests[name][:16]}")
