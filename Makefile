@@ -14,7 +14,7 @@ APT_INSTALL := apt-get install -y -q --no-install-recommends $(DEBIAN_PACKAGES) 
 # fresh worker, which reruns the test, and one make test here then hung with both workers idle.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0
 
-.PHONY: install install-test install-suites demo test test-faults test-fuzz test-heavy test-cluster test-e2e test-vllm bench dashboard
+.PHONY: install install-test install-suites demo test test-faults test-fuzz test-heavy test-heavy-fuzz test-cluster test-e2e test-vllm bench dashboard
 
 # torch through pip first: pip takes the CPU build from the wheel directory in pip's configuration
 # (this machine's /opt/wheels), where uv does not look (it would download a CUDA build of several GB).
@@ -53,7 +53,7 @@ test-faults: $(STAMP)
 
 # The service on a real three-node Ray cluster (head + two worker nodes in mount namespaces of
 # their own; needs root for unshare and mount), compared with the same flow on one node, then a
-# 2-worker DDP job that loses a node (about 6 min here, 7 on a busy machine).
+# 2-worker DDP job that loses a node (about 3 min here: the one-node flow runs beside the cluster's).
 test-cluster: $(STAMP)
 	$(VENV)/bin/python -m pytest -q -m cluster tests/cluster
 
@@ -96,6 +96,12 @@ $(MLFLOW_STAMP):
 # Data path of the create checks on a row of the wrong shape.
 test-heavy: $(STAMP) $(MLFLOW_STAMP)
 	$(VENV)/bin/python -m pytest -q -m heavy $(XDIST)
+
+# make test-heavy and make test-fuzz in one pytest session, as .ci/run runs them: the same tests,
+# with one start of each worker's Ray cluster, Serve and shared deployments instead of two, and
+# the two suites' files shared out between the workers together (tests/conftest.py FIRST_FILES).
+test-heavy-fuzz: $(STAMP) $(MLFLOW_STAMP)
+	$(VENV)/bin/python -m pytest -q -m "heavy or fuzz_large" $(XDIST)
 
 # Everything every test target needs: what make test needs (the venv, the dashboard bundle), and
 # what only the later suites need (Promptfoo, the MLflow venv). .ci/run installs the second part

@@ -270,10 +270,11 @@ HEAVY_VARIANTS = {
 }
 
 
-# make test, make test-heavy and make test-fuzz run on two xdist workers, a file at a time (--dist
-# loadfile --no-loadscope-reorder): the files that take longest in that target go first, so that the
-# two workers end together instead of one waiting out a long file started last. The rest keep their
-# collection order. Keyed by the target's -m expression ("" for make test's, from pyproject.toml).
+# make test, make test-heavy, make test-fuzz and make test-heavy-fuzz run on two xdist workers, a
+# file at a time (--dist loadfile --no-loadscope-reorder): the files that take longest in that
+# target go first, so that the two workers end together instead of one waiting out a long file
+# started last. The rest keep their collection order. Keyed by the target's -m expression ("" for
+# make test's, from pyproject.toml).
 FIRST_FILES = {
     "": (
         "tests/serve_app/test_training_control.py",
@@ -302,6 +303,40 @@ FIRST_FILES = {
         "tests/fuzz/test_header_fuzz.py",
     ),
 }
+# make test-faults runs a test at a time on whichever worker is free (--dist load): its tests, not
+# its files, go longest first (each test's seconds in issue 23's note), so that the short ones fill
+# the end. A name here without its parameters ranks every parametrized case of it.
+FIRST_FILES["faults"] = tuple(f"tests/faults/{test}" for test in (
+    "test_background_faults.py::test_sigkill_mid_batch_merge_distill_and_delivery_then_a_restart_ends_each_once",
+    "test_faults.py::test_sigkill_of_the_serve_process_group_then_a_restart_finishes_the_job_once",
+    "test_faults.py::test_sigkill_of_the_train_worker_mid_rft_resumes_to_the_uninterrupted_runs_adapter",
+    "test_background_faults.py::test_ray_kill_of_the_controller_mid_eval_run_hands_it_over",
+    "test_faults.py::test_a_hung_train_worker_is_stopped_by_the_stall_watchdog",
+    "test_background_faults.py::test_ray_kill_of_the_controller_mid_batch_and_mid_merge_hands_both_over",
+    "test_faults.py::test_ray_kill_of_the_controller_actor_mid_run_resumes_scheduling_and_the_job_finishes",
+    "test_faults.py::test_sigkill_of_the_train_worker_mid_step_resumes_from_its_checkpoint",
+    "test_background_faults.py::test_postgres_restarted_mid_batch_and_mid_merge_both_end_once",
+    "test_faults.py::test_postgres_restarted_mid_job_is_ridden_through",
+    "test_faults.py::test_s3_stopped_mid_run_and_started_again_never_succeeds_without_its_adapter",
+    "test_faults.py::test_a_train_worker_lost_twice_fails_platform_interrupted",
+))
+# make test-heavy-fuzz (.ci/run): both suites' long files, longest first (each file's seconds in
+# the two targets' runs of issue 23's note).
+FIRST_FILES["heavy or fuzz_large"] = (
+    "tests/serve_app/test_rft_chain.py",
+    "tests/serve_app/test_batches_e2e.py",
+    "tests/fuzz/test_schema_fuzz.py",
+    "tests/fuzz/test_upload_fuzz.py",
+    "tests/train/test_ddp.py",
+    "tests/bench/test_gpu_check.py",
+    "tests/train/integrations/test_tracking_job.py",
+    "tests/test_cli.py",
+    "tests/fuzz/test_header_fuzz.py",
+    "tests/fuzz/test_multipart_fuzz.py",
+    "tests/serve_app/test_training_api.py",
+    "tests/pipelines/test_s3_pipelines.py",
+    "tests/worker/test_deliveries.py",
+)
 
 
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
@@ -309,11 +344,20 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.nodeid in HEAVY_VARIANTS:
             item.add_marker(pytest.mark.heavy)
-    missing = [path for paths in FIRST_FILES.values() for path in paths if not (ROOT / path).exists()]
+    missing = [path for paths in FIRST_FILES.values() for path in paths if not (ROOT / path.split("::")[0]).exists()]
     assert not missing, f"FIRST_FILES names files that are gone: {missing}"
     first = FIRST_FILES.get(config.getoption("markexpr"), FIRST_FILES[""])
     rank = {path: i for i, path in enumerate(first)}
-    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))  # stable: the rest keep their order
+    named = {item.nodeid.split("[", 1)[0] for item in items}
+    files = {test.split("::", 1)[0] for test in named}
+    gone = [test for test in first if "::" in test and test.split("::", 1)[0] in files and test not in named]
+    assert not gone, f"FIRST_FILES names tests that are gone: {gone}"
+
+    def order(item) -> int:
+        test = item.nodeid.split("[", 1)[0]
+        return rank.get(test, rank.get(test.split("::", 1)[0], len(rank)))
+
+    items.sort(key=order)  # stable: the rest keep their order
 
 
 # -- the fuzzers' summary (tests/fuzz/conftest.py `fuzz_report`) -----------------------------------
