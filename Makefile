@@ -21,8 +21,8 @@ XDIST := -n 2 --dist loadfile --no-loadscope-reorder --max-worker-restart=0
 # The rest through uv, which resolves and installs the same versions as pip in a fraction of the
 # time: torch is then installed, and satisfies the pin. --compile-bytecode, as pip does: uv writes
 # no .pyc by default, and where PYTHONDONTWRITEBYTECODE is set (this machine and its CI) every
-# Python process then compiled ray, transformers and peft from source at import (make test ran
-# 378 s -> 566 s). make install-test on a fresh clone: 41 s here, against 85 s with pip alone.
+# Python process then compiled ray, transformers and peft from source at import. make
+# install-test on a fresh clone: 41 s here, against 85 s with pip alone.
 $(STAMP): pyproject.toml
 	command -v bwrap >/dev/null && test -f /usr/share/wordnet/index.sense || $(APT_INSTALL)
 	test -x $(VENV)/bin/python || python3 -m venv $(VENV)

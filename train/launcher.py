@@ -216,7 +216,7 @@ def trainer_class():
 
     class Trainer(TorchTrainer):
         def _create_default_callbacks(self):
-            dropped = (PlacementGroupCleanerCallback,) if self.datasets else (PlacementGroupCleanerCallback, DatasetsCallback)
+            dropped = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
             return [callback for callback in super()._create_default_callbacks() if not isinstance(callback, dropped)]
 
     return Trainer

@@ -6,8 +6,9 @@ head's state API and printed with the node they ran on: the API replicas and the
 on the head, every task or actor that took a CPU or a `trainer` on a worker node.
 
 The same flow runs on a one-node Ray too (`openft serve` starting its own, the laptop setup),
-beside the cluster's, and every deterministic result must be byte-identical: the tokenized shards, the adapter (CPU,
-same seed), the merged weights, the batch's completions and the distilled files.
+beside the cluster's, and every deterministic result must be byte-identical: the tokenized
+shards, the adapter (CPU, same seed), the merged weights, the batch's completions and the
+distilled files.
 """
 
 from __future__ import annotations
