@@ -8,14 +8,19 @@ the qwen2.5-0.5b stand-in with 4 random adapters registered as ft: models of one
   (b) one at a time: the same service with online_max_batch_rows 1 (the same engine, a request
       decodes alone, the others wait in its queue);
   (c) plain transformers: `model.generate` on a peft model holding the 4 adapters (`set_adapter`
-      per request) with a `TextIteratorStreamer`, one request at a time under a lock, in this process.
+      per request) with a `TextIteratorStreamer`, one request at a time under a lock, in this process;
+  (d) the engine alone, batched and one at a time: the replica's engine (online/engine.py
+      `OnlineEngine` over the same `load_engine`, the same pacing) driven in this process by asyncio
+      clients, with no Serve, HTTP or SDK around it: what continuous batching itself gains, apart
+      from what each request costs on its way through the service.
 At 1, 4 and 16 concurrent clients, each client asking `--requests` requests in turn over the 4 adapters
 (client i starts at adapter i % 4), every request greedy with `--max-tokens` tokens (random adapters
 rarely end their turn, so each answer is that long). Per way and level: requests per second over the
 level's wall time, p50 and p99 time to first token (the first streamed text), and tokens per second
 (completion tokens over that wall time). The replicas' torch threads and this process's are one
 each, the machine's cores shared. The last line printed is one JSON object with every figure and
-`ratio_vs_one_at_a_time` / `ratio_vs_plain` (requests per second at 16 clients).
+`ratio_vs_one_at_a_time` / `ratio_vs_plain` / `engine_alone_ratio` (requests per second at 16
+clients).
 
     python bench/online.py [--requests 4] [--max-tokens 32]
 """
@@ -160,6 +165,50 @@ def _plain(base, cache_root: Path, adapters: dict[str, dict[str, bytes]], max_to
     return ask, names
 
 
+def _engine_alone(base, cache_root: Path, adapters: dict[str, dict[str, bytes]], tickets: list[str], rows: int,
+                  max_tokens: int, per_client: int) -> dict:
+    """Way (d): the replica's engine with `rows` batch rows, driven by asyncio clients in this process."""
+    import asyncio
+
+    from online.engine import OnlineEngine
+    from online.protocol import OnlineRequest
+    from pipelines.generate import load_engine, render_prompt
+
+    engine = load_engine(base, model_source="standin", cache_root=str(cache_root), adapters={}, max_batch_rows=rows)
+    online = OnlineEngine(engine, stream_interval=Settings().online_stream_interval_seconds)
+    prompts = [tuple(render_prompt([{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}],
+                                   engine.tokenizer, base)) for t in tickets]  # fmt: skip
+
+    async def run() -> dict:
+        holds = [await online.hold_adapter(name, lambda files=files: files) for name, files in adapters.items()]
+        names = [h.name for h in holds]
+
+        async def ask(adapter: str, prompt: tuple[int, ...]) -> tuple[float, int]:
+            started, first, tokens = time.monotonic(), None, 0
+            async for delta in online.stream(OnlineRequest(prompt, max_tokens, temperature=0.0), adapter):
+                if first is None and delta.text:
+                    first = time.monotonic() - started
+                tokens = delta.completion_tokens
+            return (first if first is not None else time.monotonic() - started), tokens
+
+        async def client(i: int) -> list[tuple[float, int]]:
+            return [await ask(names[(i + n) % len(names)], prompts[(i * per_client + n) % len(prompts)])
+                    for n in range(per_client)]  # fmt: skip
+
+        await ask(names[0], prompts[0])
+        levels = {}
+        for n in LEVELS:
+            started = time.monotonic()
+            samples = [s for run in await asyncio.gather(*(client(i) for i in range(n))) for s in run]
+            levels[str(n)] = _figures(samples, time.monotonic() - started)
+        return levels
+
+    try:
+        return asyncio.run(run())
+    finally:
+        online.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4, help="requests per client at each level")
@@ -201,6 +250,9 @@ def main() -> None:
     ask(names[0], tickets[0])
     ways["plain_transformers"] = {str(n): _load(ask, names, tickets, n, args.requests) for n in LEVELS}
     print("plain_transformers", json.dumps(ways["plain_transformers"]), flush=True)
+    for name, rows in (("engine_batched", 16), ("engine_one_at_a_time", 1)):
+        ways[name] = _engine_alone(base, cache_root, adapters, tickets, rows, args.max_tokens, args.requests)
+        print(name, json.dumps(ways[name]), flush=True)
     top = str(LEVELS[-1])
     result = {
         "base": BASE_ID, "adapters": ADAPTERS, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
@@ -208,6 +260,7 @@ def main() -> None:
         **ways,
         "ratio_vs_one_at_a_time": round(ways["batched"][top]["requests_per_s"] / ways["one_at_a_time"][top]["requests_per_s"], 2),
         "ratio_vs_plain": round(ways["batched"][top]["requests_per_s"] / ways["plain_transformers"][top]["requests_per_s"], 2),
+        "engine_alone_ratio": round(ways["engine_batched"][top]["requests_per_s"] / ways["engine_one_at_a_time"][top]["requests_per_s"], 2),
     }  # fmt: skip
     print(json.dumps(result))
 
