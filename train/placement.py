@@ -11,7 +11,11 @@ same moment, so a run stopped during Ray Train's start (model load, worker start
 
 The GCS records each group's creator actor and whether that actor has died: a group of this driver
 job (the service's own Ray job) whose creator is dead belongs to no live run, whatever the database
-recorded. Groups of other Ray jobs on a shared cluster are never touched.
+recorded. The group's flag is not always set: a Train controller that died with its owner (the run's
+task, killed with the job controller's actor) was DEAD in the actor table while its group's
+`creator_actor_dead` stayed false for as long as the service ran (.ci/run's fault suite, 2026-12-07,
+once Ray Train's own `PlacementGroupCleaner` was no longer started: train/launcher.py), so the actor
+table's word counts too. Groups of other Ray jobs on a shared cluster are never touched.
 """
 
 from __future__ import annotations
@@ -59,10 +63,17 @@ def orphaned_placement_groups() -> list[str]:
     for group in gcs_placement_groups():
         # A group made by the driver or a task has no creator actor and counts as "dead" in the GCS.
         made_by_actor = not ray.ActorID(group.creator_actor_id).is_nil()
-        if (group.creator_job_id == job and made_by_actor and group.creator_actor_dead and not group.is_detached
-                and group.state != removed):
+        if (group.creator_job_id == job and made_by_actor and not group.is_detached and group.state != removed
+                and (group.creator_actor_dead or _actor_dead(group.creator_actor_id))):
             orphans.append(group.placement_group_id.hex())
     return orphans
+
+
+def _actor_dead(actor_id: bytes) -> bool:
+    """Whether the actor table says the actor died for good (DEAD, not RESTARTING)."""
+    import ray
+
+    return (ray._private.state.actors(ray.ActorID(actor_id).hex()) or {}).get("State") == "DEAD"
 
 
 def remove_orphans() -> int:
