@@ -56,3 +56,42 @@ def test_a_group_whose_creator_died_is_removed_and_the_others_stay():
         remove_placement_group(driver_pg)
         until(lambda: remove_orphans() or _state(living_pg) == "REMOVED", "the living group's sweep", 30)
     until(lambda: ray.available_resources().get("CPU", 0) == free_before, "the CPUs to be free again", 30)
+
+
+def test_a_group_whose_creator_died_with_its_owner_task_is_removed():
+    """The run's shape: a task (a job's attempt) owns the actor (Ray Train's controller) that made
+    the group; the task is killed, and the actor dies with its owner. Here the GCS marks the creator
+    dead, so this passes on the group's flag alone; in .ci/run's fault suite the flag once stayed
+    false, which the sweep's reading of the actor table covers (train/placement.py)."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def attempt(ready):
+        maker = _maker()
+        ray.get(ready.put.remote(ray.get(maker.make.remote())))
+        import time
+
+        time.sleep(600)  # the run goes on until it is killed
+
+    @ray.remote(num_cpus=0)
+    class Box:
+        def __init__(self):
+            self.value = None
+
+        def put(self, value):
+            self.value = value
+
+        def get(self):
+            return self.value
+
+    free_before = ray.available_resources().get("CPU", 0)
+    box = Box.remote()
+    task = attempt.remote(box)
+    pg_hex = until(lambda: ray.get(box.get.remote()), "the task's actor to make its group", 60)
+    assert pg_hex not in orphaned_placement_groups()  # its creator is alive
+    ray.cancel(task, force=True)  # as the job controller's actor takes its run's task with it
+    until(lambda: pg_hex in orphaned_placement_groups(), "the group of the creator that died with its owner", 60)
+    assert remove_orphans() >= 1
+    assert _state(pg_hex) == "REMOVED"
+    ray.kill(box)
+    until(lambda: ray.available_resources().get("CPU", 0) == free_before, "the CPUs to be free again", 30)
