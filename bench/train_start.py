@@ -1,7 +1,8 @@
 """Benchmark of what a Ray Train run costs the machine beside its training: the trainer a job's
 attempt builds (train/launcher.py `trainer_class`: no placement group cleaner, and no datasets
 callback for a run given no datasets, so neither a `PlacementGroupCleaner` nor a `DatasetManager`
-actor) against Ray Train's own `TorchTrainer`, each running a
+actor; for one worker Ray Train's plain backend, so no torch process group, and a controller that
+does not import torch) against Ray Train's own `TorchTrainer`, each running a
 training function that reports once, on one worker, as a job's attempt does (a Ray task of its own,
 with launcher.py's `RAY_TRAIN_ENV`).
 

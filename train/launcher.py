@@ -1,4 +1,4 @@
-"""Run one training attempt as a Ray Train `TorchTrainer` and turn its end into a `TrainOutcome`.
+"""Run one training attempt as a Ray Train run and turn its end into a `TrainOutcome`.
 
 Where it sits: the job controller calls `run_training` after tokenizing (pipelines/tokenize.py);
 the worker reads the tokenized rows (with `ray.train.get_dataset_shard` when the job's files were
@@ -9,7 +9,7 @@ Decisions:
 - `num_workers` workers per job (`train_num_workers`, one GPU each on GPU nodes), data parallel
   (train/parallel.py): placed SPREAD, so they go to different nodes when there are several (Ray
   packs them on one node when it must); gloo on CPU, NCCL on GPU (Ray Train's TorchConfig picks by
-  whether the workers take GPUs). The rows are given whole to every worker (Ray Data's datasets
+  whether the workers take GPUs), and no process group for one worker (`trainer_class`). The rows are given whole to every worker (Ray Data's datasets
   with `DataConfig(datasets_to_split=[])`) and sorted by line there, so every rank builds the same
   batch order from the seed alone and trains its slice of each batch.
 - Rank 0 alone writes: the worker mark, the placement-group record, checkpoints, events, metrics,
@@ -171,7 +171,7 @@ def run_training(
             datasets["eval"] = tokenized_dataset(job.store_spec, job.eval_prefix, name=f"{job.job_id} eval")
     file_rows = load_ref(store, job.train_prefix).report["rows"]
     storage_fs, storage_path = arrow_location(job.store_spec, keys.train_runs(job.job_id))
-    trainer = trainer_class()(
+    trainer = trainer_class(num_workers)(
         train_worker,
         train_loop_config={"job": job, "reporter_factory": reporter_factory, "file_rows": file_rows},
         scaling_config=ray.train.ScalingConfig(num_workers=num_workers, use_gpu=use_gpu,
@@ -199,7 +199,7 @@ def run_training(
     return TrainOutcome(out["status"], out["result"], error)
 
 
-def trainer_class():
+def trainer_class(num_workers: int = 1):
     """Ray Train's `TorchTrainer` less two helper actors, each a process of its own per run:
 
     - the `DatasetManager` of its datasets callback, for a run given no datasets (a job's rows read
@@ -209,12 +209,21 @@ def trainer_class():
       if Ray Train's controller dies: the job controller's sweep does that for every run, whatever
       stopped it (train/placement.py `remove_orphans`, every `controller_sweep_seconds`).
 
-    bench/train_start.py measures a minimal run with and without them."""
-    from ray.train.torch import TorchTrainer
+    A one-worker run takes Ray Train's `DataParallelTrainer` with its plain `BackendConfig` instead:
+    it does no collective (train/parallel.py `SINGLE`), so it needs no torch process group, and its
+    Ray Train controller, a process of its own per run that unpickles the run's backend config, then
+    never imports torch (`TorchConfig` does). On GPU the worker's one device is still the one Ray
+    assigned it (CUDA_VISIBLE_DEVICES). bench/train_start.py measures a minimal run against
+    the stock TorchTrainer."""
     from ray.train.v2._internal.callbacks import DatasetsCallback
     from ray.train.v2._internal.callbacks.placement_group_callback import PlacementGroupCleanerCallback
 
-    class Trainer(TorchTrainer):
+    if num_workers > 1:
+        from ray.train.torch import TorchTrainer as Base
+    else:
+        from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer as Base
+
+    class Trainer(Base):
         def _create_default_callbacks(self):
             dropped = (PlacementGroupCleanerCallback,) + (() if self.datasets else (DatasetsCallback,))
             return [callback for callback in super()._create_default_callbacks() if not isinstance(callback, dropped)]
