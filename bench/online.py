@@ -4,7 +4,8 @@ the qwen2.5-0.5b stand-in with 4 random adapters registered as ft: models of one
 
   (a) batched: `openft`'s API and one online replica of the base on Ray Serve (online_max_batch_rows
       16), called through the official SDK with `stream=True`, as a user calls it, streamed at the
-      service's pace (online_stream_interval_seconds, OPENFT_ONLINE_STREAM_INTERVAL_SECONDS);
+      service's pace (online_stream_interval_seconds and online_stream_chunks_per_second, from
+      OPENFT_ONLINE_STREAM_INTERVAL_SECONDS and OPENFT_ONLINE_STREAM_CHUNKS_PER_SECOND);
   (b) one at a time: the same service with online_max_batch_rows 1 (the same engine, a request
       decodes alone, the others wait in its queue);
   (c) plain transformers: `model.generate` on a peft model holding the 4 adapters (`set_adapter`
@@ -175,7 +176,9 @@ def _engine_alone(base, cache_root: Path, adapters: dict[str, dict[str, bytes]],
     from pipelines.generate import load_engine, render_prompt
 
     engine = load_engine(base, model_source="standin", cache_root=str(cache_root), adapters={}, max_batch_rows=rows)
-    online = OnlineEngine(engine, stream_interval=Settings().online_stream_interval_seconds)
+    settings = Settings()
+    online = OnlineEngine(engine, stream_interval=settings.online_stream_interval_seconds,
+                          chunks_per_second=settings.online_stream_chunks_per_second)
     prompts = [tuple(render_prompt([{"role": "system", "content": SYSTEM}, {"role": "user", "content": t}],
                                    engine.tokenizer, base)) for t in tickets]  # fmt: skip
 
@@ -257,6 +260,7 @@ def main() -> None:
     result = {
         "base": BASE_ID, "adapters": ADAPTERS, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
         "stream_interval_s": settings.online_stream_interval_seconds,
+        "stream_chunks_per_s": settings.online_stream_chunks_per_second,
         **ways,
         "ratio_vs_one_at_a_time": round(ways["batched"][top]["requests_per_s"] / ways["one_at_a_time"][top]["requests_per_s"], 2),
         "ratio_vs_plain": round(ways["batched"][top]["requests_per_s"] / ways["plain_transformers"][top]["requests_per_s"], 2),

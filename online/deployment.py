@@ -59,7 +59,8 @@ class BaseServer:
                                        s3_region=settings.s3_region)  # fmt: skip
         engine = load_engine(get_base(base_id), model_source=settings.model_source, cache_root=str(settings.model_cache_dir),
                              adapters={}, max_batch_rows=settings.online_max_batch_rows)  # fmt: skip
-        self.engine = OnlineEngine(engine, stream_interval=settings.online_stream_interval_seconds)
+        self.engine = OnlineEngine(engine, stream_interval=settings.online_stream_interval_seconds,
+                                   chunks_per_second=settings.online_stream_chunks_per_second)
 
         async def load(prefix: str):
             return await self.engine.hold_adapter(prefix, lambda: {f: self.store.get_bytes(prefix + f) for f in ADAPTER_FILES})

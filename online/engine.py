@@ -25,7 +25,10 @@ No Ray here: online/deployment.py holds one per Serve replica, and tests drive i
   crosses two Ray hops and an HTTP write before the client, which cost more CPU than the decode
   step that made it: at 16 clients a delta per token served 24.3 requests a second against 38.7
   paced (bench/online.py). Ray Serve LLM paces its streams the same way
-  (`stream_batching_interval_ms`).
+  (`stream_batching_interval_ms`). With `chunks_per_second` > 0 the interval also stretches with
+  the replica's open streams, so that together they send at most that many deltas a second: the
+  deltas' cost stays a bounded share of the CPU however many clients stream, where a fixed
+  interval's grows with each one (the first text still goes at once).
 """
 
 from __future__ import annotations
@@ -92,8 +95,8 @@ class AdapterHold:
 
 
 class OnlineEngine:
-    def __init__(self, engine: TransformersEngine, *, stream_interval: float = 0.0):
-        self.engine, self.stream_interval = engine, stream_interval
+    def __init__(self, engine: TransformersEngine, *, stream_interval: float = 0.0, chunks_per_second: float = 0.0):
+        self.engine, self.stream_interval, self.chunks_per_second = engine, stream_interval, chunks_per_second
         self.loads = self.evictions = self.unloads = 0
         self._keys = itertools.count()
         self._cond = threading.Condition()  # guards the inbox, ops, cancels and streams
@@ -280,7 +283,7 @@ class OnlineEngine:
         if stream is None:
             return
         now = time.monotonic()
-        if stream.put_at is not None and now - stream.put_at < self.stream_interval:
+        if stream.put_at is not None and now - stream.put_at < self._interval():
             return  # paced: this token is read with the next delta's (the method below takes several at once)
         tokens = row.tokens
         before = self.engine._text(tokens[stream.prefix_offset:stream.read_offset])
@@ -292,6 +295,13 @@ class OnlineEngine:
         if safe > stream.sent:
             stream.put(Delta(stream.text[stream.sent:safe], None, len(row.request.prompt_ids), len(tokens)))
             stream.sent, stream.put_at = safe, now
+
+    def _interval(self) -> float:
+        """The least time between a row's deltas: `stream_interval`, or longer while the replica's
+        open streams would together send more than `chunks_per_second`."""
+        if not self.chunks_per_second:
+            return self.stream_interval
+        return max(self.stream_interval, len(self._streams) / self.chunks_per_second)
 
     def _result(self, result: GenResult) -> None:
         with self._cond:

@@ -332,6 +332,12 @@ class Settings(BaseSettings):
         "generated meanwhile in one chunk (each chunk costs the service CPU that decoding could use); 0 = a chunk per "
         "token.",
     )
+    online_stream_chunks_per_second: float = Field(
+        100.0, ge=0, description="Chunks one replica's streams send a second in all, after each one's first: with more "
+        "streams open than this times online_stream_interval_seconds, each one's interval stretches to streams / this "
+        "(16 streams at 100: a chunk each per 0.16 s), so chunks take a bounded share of the CPU however many clients "
+        "stream; 0 = no such bound.",
+    )
     online_adapters_per_replica: int = Field(
         8, ge=1, description="Adapters one replica keeps loaded; past it the least recently used one is unloaded.",
     )

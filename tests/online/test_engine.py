@@ -2,7 +2,8 @@
 streams decode together and each answer equals the batch engine's for the same request, the
 streamed pieces concatenate to it (stop strings included), a request joins a running batch,
 a closed stream leaves the batch, adapters are loaded, held, evicted and unloaded by count, and a
-paced stream sends its first text at once and the rest in one piece within its interval."""
+paced stream (by its interval, or by the replica's chunk budget) sends its first text at once and
+the rest in one piece within its interval."""
 
 from __future__ import annotations
 
@@ -165,11 +166,15 @@ def test_an_adapter_not_held_is_refused(setup):
     asyncio.run(run())
 
 
-def test_paced_streams_send_the_first_text_at_once_and_the_rest_in_fewer_pieces(setup, tmp_path_factory):
+# Paced by the interval, or by the replica's chunk budget alone (0 interval: unpaced but for the
+# budget, which 3 open streams at 1 chunk an hour stretch to an hour each).
+@pytest.mark.parametrize("pace", [{"stream_interval": 3600.0}, {"stream_interval": 0.0, "chunks_per_second": 1 / 3600}],
+                         ids=["interval", "chunk_budget"])
+def test_paced_streams_send_the_first_text_at_once_and_the_rest_in_fewer_pieces(setup, tmp_path_factory, pace):
     base, batch, _, adapters = setup
     cache = tmp_path_factory.getbasetemp() / "model-cache"
     paced = OnlineEngine(load_engine(base, model_source="standin", cache_root=str(cache), adapters={},
-                                     max_batch_rows=4), stream_interval=3600.0)  # fmt: skip
+                                     max_batch_rows=4), **pace)  # fmt: skip
     cases = [(a, OnlineRequest(ids(batch, base, TICKETS[i]), max_tokens=20, temperature=0))
              for i, a in enumerate([None, "ft-1", "ft-2"])]  # fmt: skip
 
