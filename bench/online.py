@@ -6,6 +6,8 @@ the qwen2.5-0.5b stand-in with 4 random adapters registered as ft: models of one
       16), called through the official SDK with `stream=True`, as a user calls it, streamed at the
       service's pace (online_stream_interval_seconds and online_stream_chunks_per_second, from
       OPENFT_ONLINE_STREAM_INTERVAL_SECONDS and OPENFT_ONLINE_STREAM_CHUNKS_PER_SECOND);
+  (a') batched with no chunk budget: (a) with online_stream_chunks_per_second 0, so every stream
+      sends a chunk per interval however many are open: what the replica-wide budget gains;
   (b) one at a time: the same service with online_max_batch_rows 1 (the same engine, a request
       decodes alone, the others wait in its queue);
   (c) plain transformers: `model.generate` on a peft model holding the 4 adapters (`set_adapter`
@@ -20,8 +22,8 @@ rarely end their turn, so each answer is that long). Per way and level: requests
 level's wall time, p50 and p99 time to first token (the first streamed text), and tokens per second
 (completion tokens over that wall time). The replicas' torch threads and this process's are one
 each, the machine's cores shared. The last line printed is one JSON object with every figure and
-`ratio_vs_one_at_a_time` / `ratio_vs_plain` / `engine_alone_ratio` (requests per second at 16
-clients).
+`ratio_vs_one_at_a_time` / `ratio_vs_plain` / `chunk_budget_ratio` / `engine_alone_ratio` (requests
+per second at 16 clients; the budget's is (a) over (a')).
 
     python bench/online.py [--requests 4] [--max-tokens 32]
 """
@@ -74,10 +76,11 @@ def _load(ask, models: list[str], tickets: list[str], clients: int, per_client: 
     return _figures(samples, time.monotonic() - started)
 
 
-def _service(name: str, data_dir: Path, port: int, batch_rows: int):
+def _service(name: str, data_dir: Path, port: int, batch_rows: int, chunks_per_second: float | None):
     from entrypoints.ray_runtime import deploy_api
 
-    settings = Settings(data_dir=data_dir / name, model_source="standin", online_bases=[BASE_ID], online_min_replicas=1,
+    budget = {} if chunks_per_second is None else {"online_stream_chunks_per_second": chunks_per_second}
+    settings = Settings(data_dir=data_dir / name, model_source="standin", online_bases=[BASE_ID], online_min_replicas=1, **budget,
                         online_max_batch_rows=batch_rows, online_max_ongoing_requests=64, online_adapters_per_replica=8,
                         rate_limit_requests_per_second=0, rate_limit_generations_per_second=0,
                         online_generations_per_account=0)  # fmt: skip
@@ -239,8 +242,8 @@ def main() -> None:
     adapters = {f"ft-{i}": random_adapter(base, cache_root, seed=i + 1) for i in range(ADAPTERS)}
     tickets = [t for t, _ in ticket_splits()[0]]
     ways = {}
-    for name, rows in (("batched", 16), ("one_at_a_time", 1)):
-        settings, url = _service(name, data_dir, port, rows)
+    for name, rows, budget in (("batched", 16, None), ("batched_no_chunk_budget", 16, 0.0), ("one_at_a_time", 1, None)):
+        settings, url = _service(name, data_dir, port, rows, budget)
         key, models = _register(settings, adapters)
         client = openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=600)
         ask = _sdk_ask(client, args.max_tokens)
@@ -264,6 +267,7 @@ def main() -> None:
         **ways,
         "ratio_vs_one_at_a_time": round(ways["batched"][top]["requests_per_s"] / ways["one_at_a_time"][top]["requests_per_s"], 2),
         "ratio_vs_plain": round(ways["batched"][top]["requests_per_s"] / ways["plain_transformers"][top]["requests_per_s"], 2),
+        "chunk_budget_ratio": round(ways["batched"][top]["requests_per_s"] / ways["batched_no_chunk_budget"][top]["requests_per_s"], 2),
         "engine_alone_ratio": round(ways["engine_batched"][top]["requests_per_s"] / ways["engine_one_at_a_time"][top]["requests_per_s"], 2),
     }  # fmt: skip
     print(json.dumps(result))
