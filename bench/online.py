@@ -80,10 +80,10 @@ def _service(name: str, data_dir: Path, port: int, batch_rows: int, chunks_per_s
     from entrypoints.ray_runtime import deploy_api
 
     budget = {} if chunks_per_second is None else {"online_stream_chunks_per_second": chunks_per_second}
-    settings = Settings(data_dir=data_dir / name, model_source="standin", online_bases=[BASE_ID], online_min_replicas=1, **budget,
+    settings = Settings(data_dir=data_dir / name, model_source="standin", online_bases=[BASE_ID], online_min_replicas=1,
                         online_max_batch_rows=batch_rows, online_max_ongoing_requests=64, online_adapters_per_replica=8,
                         rate_limit_requests_per_second=0, rate_limit_generations_per_second=0,
-                        online_generations_per_account=0)  # fmt: skip
+                        online_generations_per_account=0, **budget)  # fmt: skip
     return settings, deploy_api(settings, host="127.0.0.1", port=port, name=name, route_prefix=f"/{name}")
 
 

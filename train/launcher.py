@@ -9,9 +9,10 @@ Decisions:
 - `num_workers` workers per job (`train_num_workers`, one GPU each on GPU nodes), data parallel
   (train/parallel.py): placed SPREAD, so they go to different nodes when there are several (Ray
   packs them on one node when it must); gloo on CPU, NCCL on GPU (Ray Train's TorchConfig picks by
-  whether the workers take GPUs), and no process group for one worker (`trainer_class`). The rows are given whole to every worker (Ray Data's datasets
-  with `DataConfig(datasets_to_split=[])`) and sorted by line there, so every rank builds the same
-  batch order from the seed alone and trains its slice of each batch.
+  whether the workers take GPUs), and no process group for one worker (`trainer_class`). The rows
+  are given whole to every worker (Ray Data's datasets with `DataConfig(datasets_to_split=[])`) and
+  sorted by line there, so every rank builds the same batch order from the seed alone and trains
+  its slice of each batch.
 - Rank 0 alone writes: the worker mark, the placement-group record, checkpoints, events, metrics,
   the adapter, and the outcome that `run_training` returns (Ray Train's `return_value` is rank 0's).
 - Checkpoints live in the object store under `job.checkpoint_prefix` (train/checkpoint.py), so a

@@ -44,8 +44,9 @@ def test_one_worker_takes_no_torch_process_group_and_several_take_torchs(tmp_pat
     from train.launcher import trainer_class
 
     def backend(workers: int):
-        return trainer_class(workers)(lambda config: None, scaling_config=ray.train.ScalingConfig(num_workers=workers),
-                                      run_config=ray.train.RunConfig(name="backend", storage_path=str(tmp_path))).backend_config
+        run = ray.train.RunConfig(name="backend", storage_path=str(tmp_path))
+        scaling = ray.train.ScalingConfig(num_workers=workers)
+        return trainer_class(workers)(lambda config: None, scaling_config=scaling, run_config=run).backend_config
 
     assert type(backend(1)) is BackendConfig
     assert isinstance(backend(2), TorchConfig)
