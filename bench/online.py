@@ -18,14 +18,18 @@ the qwen2.5-0.5b stand-in with 4 random adapters registered as ft: models of one
       from what each request costs on its way through the service.
 At 1, 4 and 16 concurrent clients, each client asking `--requests` requests in turn over the 4 adapters
 (client i starts at adapter i % 4), every request greedy with `--max-tokens` tokens (random adapters
-rarely end their turn, so each answer is that long). Per way and level: requests per second over the
-level's wall time, p50 and p99 time to first token (the first streamed text), and tokens per second
-(completion tokens over that wall time). The replicas' torch threads and this process's are one
+rarely end their turn, so each answer is that long). Ways (a), (a'), (b) and (c) are measured
+interleaved: every level `--rounds` times, each round one load of every way, one after the other, so
+that the host's drift (here its speed swings by half within minutes) falls on every way alike; a
+way's figures at a level are over all its rounds together, and `rounds_16` gives each round's
+requests per second at 16 clients. Per way and level: requests per second over the level's wall
+time, p50 and p99 time to first token (the first streamed text), and tokens per second (completion
+tokens over that wall time). The replicas' torch threads and this process's are one
 each, the machine's cores shared. The last line printed is one JSON object with every figure and
 `ratio_vs_one_at_a_time` / `ratio_vs_plain` / `chunk_budget_ratio` / `engine_alone_ratio` (requests
 per second at 16 clients; the budget's is (a) over (a')).
 
-    python bench/online.py [--requests 4] [--max-tokens 32]
+    python bench/online.py [--requests 4] [--rounds 3] [--max-tokens 32]
 """
 
 from __future__ import annotations
@@ -66,14 +70,32 @@ def _figures(samples: list[tuple[float, int]], wall: float) -> dict:
             "tokens_per_s": round(sum(s[1] for s in samples) / wall, 1), "wall_s": round(wall, 2)}  # fmt: skip
 
 
-def _load(ask, models: list[str], tickets: list[str], clients: int, per_client: int) -> dict:
+def _load(ask, models: list[str], tickets: list[str], clients: int, per_client: int) -> tuple[list[tuple[float, int]], float]:
+    """(samples, wall seconds) of `clients` clients asking `per_client` requests each."""
     def client(i: int) -> list[tuple[float, int]]:
         return [ask(models[(i + n) % len(models)], tickets[(i * per_client + n) % len(tickets)]) for n in range(per_client)]
 
     started = time.monotonic()
     with ThreadPoolExecutor(clients) as pool:
         samples = [s for run in pool.map(client, range(clients)) for s in run]
-    return _figures(samples, time.monotonic() - started)
+    return samples, time.monotonic() - started
+
+
+def _interleaved(ways: dict[str, tuple], tickets: list[str], per_client: int, rounds: int) -> tuple[dict, dict]:
+    """Every level `rounds` times, a load of each way per round: ({way: {level: figures}},
+    {way: [requests per second of each round at the top level]})."""
+    loads = {name: {n: ([], 0.0) for n in LEVELS} for name in ways}
+    top = {name: [] for name in ways}
+    for n in LEVELS:
+        for _ in range(rounds):
+            for name, (ask, models) in ways.items():
+                samples, wall = _load(ask, models, tickets, n, per_client)
+                got = loads[name][n]
+                loads[name][n] = (got[0] + samples, got[1] + wall)
+                if n == LEVELS[-1]:
+                    top[name].append(round(len(samples) / wall, 2))
+    figures = {name: {str(n): _figures(*loads[name][n]) for n in LEVELS} for name in ways}
+    return figures, top
 
 
 def _service(name: str, data_dir: Path, port: int, batch_rows: int, chunks_per_second: float | None):
@@ -217,7 +239,8 @@ def _engine_alone(base, cache_root: Path, adapters: dict[str, dict[str, bytes]],
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--requests", type=int, default=4, help="requests per client at each level")
+    parser.add_argument("--requests", type=int, default=4, help="requests per client at each level and round")
+    parser.add_argument("--rounds", type=int, default=3, help="loads of each way per level, interleaved")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
 
@@ -241,7 +264,7 @@ def main() -> None:
     cache_root = data_dir / "model-cache"
     adapters = {f"ft-{i}": random_adapter(base, cache_root, seed=i + 1) for i in range(ADAPTERS)}
     tickets = [t for t, _ in ticket_splits()[0]]
-    ways = {}
+    interleaved = {}
     for name, rows, budget in (("batched", 16, None), ("batched_no_chunk_budget", 16, 0.0), ("one_at_a_time", 1, None)):
         settings, url = _service(name, data_dir, port, rows, budget)
         key, models = _register(settings, adapters)
@@ -249,22 +272,26 @@ def main() -> None:
         ask = _sdk_ask(client, args.max_tokens)
         for model in models:  # warm: the replica is up and every adapter loaded before the clock starts
             ask(model, tickets[0])
-        ways[name] = {str(n): _load(ask, models, tickets, n, args.requests) for n in LEVELS}
-        print(name, json.dumps(ways[name]), flush=True)
-        serve.delete(name)
+        interleaved[name] = (ask, models)
     ask, names = _plain(base, cache_root, adapters, args.max_tokens)
     ask(names[0], tickets[0])
-    ways["plain_transformers"] = {str(n): _load(ask, names, tickets, n, args.requests) for n in LEVELS}
-    print("plain_transformers", json.dumps(ways["plain_transformers"]), flush=True)
+    interleaved["plain_transformers"] = (ask, names)
+    ways, rounds_top = _interleaved(interleaved, tickets, args.requests, args.rounds)
+    for name in interleaved:
+        print(name, json.dumps(ways[name]), flush=True)
+    for name in ("batched", "batched_no_chunk_budget", "one_at_a_time"):
+        serve.delete(name)
     for name, rows in (("engine_batched", 16), ("engine_one_at_a_time", 1)):
         ways[name] = _engine_alone(base, cache_root, adapters, tickets, rows, args.max_tokens, args.requests)
         print(name, json.dumps(ways[name]), flush=True)
     top = str(LEVELS[-1])
     result = {
         "base": BASE_ID, "adapters": ADAPTERS, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
+        "rounds": args.rounds,
         "stream_interval_s": settings.online_stream_interval_seconds,
         "stream_chunks_per_s": settings.online_stream_chunks_per_second,
         **ways,
+        "rounds_16": rounds_top,
         "ratio_vs_one_at_a_time": round(ways["batched"][top]["requests_per_s"] / ways["one_at_a_time"][top]["requests_per_s"], 2),
         "ratio_vs_plain": round(ways["batched"][top]["requests_per_s"] / ways["plain_transformers"][top]["requests_per_s"], 2),
         "chunk_budget_ratio": round(ways["batched"][top]["requests_per_s"] / ways["batched_no_chunk_budget"][top]["requests_per_s"], 2),
