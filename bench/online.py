@@ -29,7 +29,7 @@ each, the machine's cores shared. The last line printed is one JSON object with 
 `ratio_vs_one_at_a_time` / `ratio_vs_plain` / `chunk_budget_ratio` / `engine_alone_ratio` (requests
 per second at 16 clients; the budget's is (a) over (a')).
 
-    python bench/online.py [--requests 4] [--rounds 3] [--max-tokens 32]
+    python bench/online.py [--requests 4] [--rounds 3] [--max-tokens 32] [--ingress proxy|haproxy]
 """
 
 from __future__ import annotations
@@ -237,11 +237,34 @@ def _engine_alone(base, cache_root: Path, adapters: dict[str, dict[str, bytes]],
         online.close()
 
 
+def _haproxy_environment(directory: Path, free_port) -> None:
+    """Ray Serve's HAProxy mode for the cluster this process starts (Serve's processes read it from
+    the environment they inherit): HAProxy takes the HTTP port and forwards to each API replica's own
+    HTTP server, with no Python proxy and no Ray hop between them. Its files and ports are this run's
+    own (Ray's defaults are fixed paths under /tmp and fixed ports)."""
+    import os
+    import shutil
+
+    if shutil.which("haproxy") is None:
+        raise SystemExit("--ingress haproxy needs the haproxy binary (Debian: apt-get install haproxy)")
+    directory.mkdir(parents=True)
+    os.environ.update({
+        "RAY_SERVE_ENABLE_HA_PROXY": "1", "RAY_SERVE_HAPROXY_CONFIG_FILE_LOC": str(directory / "haproxy.cfg"),
+        "RAY_SERVE_HAPROXY_SOCKET_PATH": str(directory / "admin.sock"),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_BASE": str(directory),
+        "RAY_SERVE_HAPROXY_SERVER_STATE_FILE": str(directory / "server-state"),
+        "RAY_SERVE_HAPROXY_STATS_PORT": str(free_port()), "RAY_SERVE_HAPROXY_METRICS_PORT": str(free_port()),
+    })  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--requests", type=int, default=4, help="requests per client at each level and round")
     parser.add_argument("--rounds", type=int, default=3, help="loads of each way per level, interleaved")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--ingress", choices=("proxy", "haproxy"), default="proxy",
+                        help="Serve's front: its Python HTTP proxy (what openft serve runs), or Ray 2.60's HAProxy "
+                             "mode, an experiment (needs the haproxy binary)")
     args = parser.parse_args()
 
     import openai
@@ -253,10 +276,12 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="oft-bo-"))  # short: Ray's socket paths live under it
     ray_settings = Settings(data_dir=data_dir / "ray-home")
     prepare_ray_environment(ray_settings)
+    from tests.utils.ports import free_port
+
+    if args.ingress == "haproxy":
+        _haproxy_environment(data_dir / "haproxy", free_port)
     start_ray(ray_settings, dashboard=False)
     from ray import serve
-
-    from tests.utils.ports import free_port
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
@@ -287,7 +312,7 @@ def main() -> None:
     top = str(LEVELS[-1])
     result = {
         "base": BASE_ID, "adapters": ADAPTERS, "max_tokens": args.max_tokens, "requests_per_client": args.requests,
-        "rounds": args.rounds,
+        "rounds": args.rounds, "ingress": args.ingress,
         "stream_interval_s": settings.online_stream_interval_seconds,
         "stream_chunks_per_s": settings.online_stream_chunks_per_second,
         **ways,
