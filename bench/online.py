@@ -22,7 +22,8 @@ rarely end their turn, so each answer is that long). Ways (a), (a'), (b) and (c)
 interleaved: every level `--rounds` times, each round one load of every way, one after the other, so
 that the host's drift (here its speed swings by half within minutes) falls on every way alike; a
 way's figures at a level are over all its rounds together, and `rounds_16` gives each round's
-requests per second at 16 clients. Per way and level: requests per second over the level's wall
+requests per second at 16 clients. The three services stay deployed, each with its online replica,
+through every round. Per way and level: requests per second over the level's wall
 time, p50 and p99 time to first token (the first streamed text), and tokens per second (completion
 tokens over that wall time). The replicas' torch threads and this process's are one
 each, the machine's cores shared. The last line printed is one JSON object with every figure and
@@ -84,17 +85,18 @@ def _load(ask, models: list[str], tickets: list[str], clients: int, per_client: 
 def _interleaved(ways: dict[str, tuple], tickets: list[str], per_client: int, rounds: int) -> tuple[dict, dict]:
     """Every level `rounds` times, a load of each way per round: ({way: {level: figures}},
     {way: [requests per second of each round at the top level]})."""
-    loads = {name: {n: ([], 0.0) for n in LEVELS} for name in ways}
+    samples = {name: {n: [] for n in LEVELS} for name in ways}
+    walls = {name: dict.fromkeys(LEVELS, 0.0) for name in ways}
     top = {name: [] for name in ways}
     for n in LEVELS:
         for _ in range(rounds):
             for name, (ask, models) in ways.items():
-                samples, wall = _load(ask, models, tickets, n, per_client)
-                got = loads[name][n]
-                loads[name][n] = (got[0] + samples, got[1] + wall)
+                got, wall = _load(ask, models, tickets, n, per_client)
+                samples[name][n] += got
+                walls[name][n] += wall
                 if n == LEVELS[-1]:
-                    top[name].append(round(len(samples) / wall, 2))
-    figures = {name: {str(n): _figures(*loads[name][n]) for n in LEVELS} for name in ways}
+                    top[name].append(round(len(got) / wall, 2))
+    figures = {name: {str(n): _figures(samples[name][n], walls[name][n]) for n in LEVELS} for name in ways}
     return figures, top
 
 
@@ -237,13 +239,15 @@ def _engine_alone(base, cache_root: Path, adapters: dict[str, dict[str, bytes]],
         online.close()
 
 
-def _haproxy_environment(directory: Path, free_port) -> None:
+def _haproxy_environment(directory: Path) -> None:
     """Ray Serve's HAProxy mode for the cluster this process starts (Serve's processes read it from
     the environment they inherit): HAProxy takes the HTTP port and forwards to each API replica's own
     HTTP server, with no Python proxy and no Ray hop between them. Its files and ports are this run's
     own (Ray's defaults are fixed paths under /tmp and fixed ports)."""
     import os
     import shutil
+
+    from tests.utils.ports import free_port
 
     if shutil.which("haproxy") is None:
         raise SystemExit("--ingress haproxy needs the haproxy binary (Debian: apt-get install haproxy)")
@@ -276,12 +280,12 @@ def main() -> None:
     data_dir = Path(tempfile.mkdtemp(prefix="oft-bo-"))  # short: Ray's socket paths live under it
     ray_settings = Settings(data_dir=data_dir / "ray-home")
     prepare_ray_environment(ray_settings)
-    from tests.utils.ports import free_port
-
     if args.ingress == "haproxy":
-        _haproxy_environment(data_dir / "haproxy", free_port)
+        _haproxy_environment(data_dir / "haproxy")
     start_ray(ray_settings, dashboard=False)
     from ray import serve
+
+    from tests.utils.ports import free_port
 
     port = free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
